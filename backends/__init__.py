@@ -1,0 +1,1 @@
+"""Backend plugins shipped with xbridge, installed as ``xbridge.backends.*``."""

@@ -1,0 +1,26 @@
+"""xbridge: write a PyTorch training program once; run, match and race it on eager, Inductor, torch_xla and JAX.
+
+Importing this package imports no ML framework: the IR, the plan and the registry are plain Python; torch is
+imported when a model is built, and a backend's framework when that backend lowers a program.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import data, sharding
+from .errors import (BackendUnavailable, ConfigError, PlanError, ProgramError, RunError, TargetError,
+                     XBridgeError)
+from .hints import shard
+from .mesh import Mesh
+from .optim import SGD, AdamW, Constant, WarmupCosine
+from .planning import ParamPlan, ShardingPlan, plan
+from .precision import Precision, parse_precision
+from .program import Program, StepOptions
+from .sharding import Sharding
+
+__all__ = [
+    "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Mesh", "ParamPlan", "PlanError", "Precision",
+    "Program", "ProgramError", "RunError", "SGD", "Sharding", "ShardingPlan", "StepOptions", "TargetError",
+    "WarmupCosine", "XBridgeError", "data", "parse_precision", "plan", "shard", "sharding",
+]

@@ -1,0 +1,134 @@
+"""The ``xbridge`` command. Bad input prints one ``error:`` line and exits 2; ``XBRIDGE_DEBUG=1`` shows tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from . import report
+from .errors import XBridgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Write a PyTorch training program once; run, match and race it on every compiler stack.")
+
+
+class Format(str, Enum):
+    human = "human"
+    json = "json"
+
+
+def _load(program_path: str, precision: str | None = None, seed: int | None = None) -> Any:
+    from .loader import load_program
+
+    program = load_program(program_path)
+    changes: dict[str, Any] = {}
+    if precision is not None:
+        changes["precision"] = precision
+    if seed is not None:
+        changes["seed"] = seed
+    return program.replace(**changes) if changes else program
+
+
+@app.command(epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt")
+def run(
+    program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
+    backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
+    steps: int = typer.Option(30, help="Optimizer steps to run (warm-up included)."),
+    warmup: int = typer.Option(2, help="Leading steps excluded from timing (tracing and compilation happen here)."),
+    seed: Optional[int] = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, fp16-mixed or params=...,compute=...,output=..."),
+    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
+    dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
+    format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
+) -> None:
+    """Run a program on one target and report per-step loss and step time."""
+    from .runloop import RunOptions, run as run_program
+
+    options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump)
+    prog = _load(program, precision, seed)
+    if out is not None:
+        report.check_writable(out, "--out")
+    with report.progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
+        result = run_program(prog, backend, options, progress=tick)
+    if out is not None:
+        path = report.write_json(out / "run.json", result)
+        result["written"] = str(path)
+    if format is Format.json:
+        print(json.dumps(result, indent=2))
+    else:
+        report.print_run(result)
+
+
+@app.command(epilog="Example: xbridge backends --format json")
+def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
+    """List every known target: available here, or the reason it is not; versions and device counts."""
+    from .registry import describe
+
+    rows = describe()
+    if format is Format.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        report.print_backends(rows)
+
+
+@app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8")
+def inspect(
+    program: str = typer.Argument(..., help="Program file."),
+    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision (changes parameter bytes)."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Print parameter count, FLOPs per step and the sharding plan, without running anything."""
+    from .flops import flops_per_step
+    from .planning import plan
+
+    prog = _load(program, precision)
+    the_plan = plan(prog, devices)
+    info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
+            "flops_per_step": flops_per_step(prog), "batch_size": prog.data.batch_size, "plan": the_plan.to_json()}
+    if format is Format.json:
+        print(json.dumps(info, indent=2))
+    else:
+        report.print_inspect(info)
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
+    try:
+        code = app(args=argv, prog_name="xbridge", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument, bad value
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "xbridge"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(message, file=sys.stderr)
+        else:
+            print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except XBridgeError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

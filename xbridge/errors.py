@@ -1,0 +1,39 @@
+"""Errors a user can act on. Each carries one line that names the thing at fault and how to fix it.
+
+The CLI prints ``error: <message>`` and exits with ``exit_code`` (2 for bad input); ``XBRIDGE_DEBUG=1`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+
+class XBridgeError(Exception):
+    """Base of every error caused by the user's input or environment."""
+
+    exit_code = 2
+
+
+class ConfigError(XBridgeError, ValueError):
+    """A field of the program IR (precision, optimizer, mesh, data, step options) is invalid."""
+
+
+class ProgramError(XBridgeError):
+    """A program file cannot be loaded or does not define a valid ``program``."""
+
+
+class PlanError(XBridgeError, ValueError):
+    """The mesh or the sharding rules do not fit the model or the device count."""
+
+
+class TargetError(XBridgeError, ValueError):
+    """A target string is malformed or names no known backend/device."""
+
+
+class BackendUnavailable(XBridgeError):
+    """The target is known but cannot run here (missing package, no such device)."""
+
+
+class RunError(XBridgeError):
+    """A run failed for a reason the user can act on (for example a non-finite loss)."""
+
+    exit_code = 1

@@ -1,0 +1,125 @@
+"""Terminal output (rich tables, progress bar) and result files. Files are written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import ConfigError
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def check_writable(directory: Path, flag: str) -> None:
+    """Fail early (before any work) if ``directory`` cannot hold results."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{flag} {str(directory)!r} exists and is not a directory")
+    probe = directory if directory.exists() else next((p for p in directory.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"{flag} {str(directory)!r} is not writable")
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as JSON through a temporary file in the same directory, fsync, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Callable[[int, dict], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total, loss="-")
+
+        def tick(step: int, record: dict) -> None:
+            bar.update(task, advance=1, loss=f"{record['loss']:.4f}")
+
+        yield tick
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def print_run(result: dict[str, Any]) -> None:
+    s = result["summary"]
+    table = Table(title=f"{result['program']} on {result['target']} ({result['precision']}, "
+                        f"{result['devices']} device(s), config {result['config_hash']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("first step (compile + run)", _ms(s["compile_s"])),
+        (f"step time median over {s['timed_steps']} steps", _ms(s["step_time_median_s"])),
+        ("step time p10 / p90", f"{_ms(s['step_time_p10_s'])} / {_ms(s['step_time_p90_s'])}"),
+        ("samples/s", f"{s['samples_per_s']:.1f}"),
+        ("tokens/s", f"{s['tokens_per_s']:.0f}"),
+        ("loss first -> final", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}"),
+        ("recompiles after warm-up", str(s["recompiles_after_warmup"])),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if result.get("written"):
+        console.print(f"wrote {result['written']}")
+
+
+def print_backends(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="xbridge targets")
+    for col in ("target", "status", "devices", "versions / reason"):
+        table.add_column(col)
+    for row in rows:
+        detail = ", ".join(f"{k} {v}" for k, v in row["versions"].items()) if row["available"] else row["reason"]
+        table.add_row(row["target"], "[green]available[/]" if row["available"] else "[red]unavailable[/]",
+                      str(row["devices"]), detail)
+    console.print(table)
+
+
+def print_inspect(info: dict[str, Any]) -> None:
+    plan = info["plan"]
+    mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    console.print(f"program [bold]{info['program']}[/] (config {info['config_hash']}), precision {info['precision']}")
+    console.print(f"mesh {mesh} over {plan['devices']} device(s); batch spec {tuple(plan['batch'])}")
+    console.print(f"parameters: {plan['total_params']:,}; bytes per device: {_bytes(plan['bytes_per_device'])}")
+    console.print(f"model FLOPs per step (forward + backward, global batch of {info['batch_size']}): "
+                  f"{info['flops_per_step'] / 1e9:.3f} GFLOP")
+    table = Table(title="sharding plan")
+    for col in ("parameter", "shape", "dtype", "spec", "rule", "shard shape", "bytes/device"):
+        table.add_column(col, justify="right" if col == "bytes/device" else "left")
+    for p in plan["params"]:
+        spec = "(" + ", ".join("None" if e is None else str(e) for e in p["spec"]) + ")"
+        table.add_row(p["name"], str(tuple(p["shape"])), p["dtype"], spec, p["rule"] or "-",
+                      str(tuple(p["shard_shape"])), _bytes(p["shard_bytes"]))
+    console.print(table)

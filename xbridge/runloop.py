@@ -1,0 +1,119 @@
+"""The run loop, once for every backend: lower, load the initial weights, warm up, time steps, summarise.
+
+A step's time is wall time from handing the batch to the executable until its metrics are back on the host (the
+executable synchronises its device before returning the loss). The first ``warmup`` steps, which include tracing
+and compilation, are reported separately and excluded from the steady-state statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import __version__, registry
+from .errors import BackendUnavailable, ConfigError, RunError
+from .planning import ShardingPlan, plan as make_plan
+from .program import Program
+
+Progress = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class RunOptions:
+    steps: int = 30
+    warmup: int = 2
+    devices: int = 1
+    dump: Path | None = None
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if not 0 <= self.warmup < self.steps:
+            raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {self.warmup}")
+        if self.devices < 1:
+            raise ConfigError(f"--devices must be >= 1, got {self.devices}")
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def summarize(program: Program, records: list[dict[str, float]], warmup: int) -> dict[str, Any]:
+    timed = np.array([r["time_s"] for r in records[warmup:]], dtype=np.float64)
+    median = float(np.median(timed))
+    batch = program.data.batch_size
+    return {
+        "compile_s": records[0]["time_s"],
+        "warmup_steps": warmup,
+        "timed_steps": int(timed.size),
+        "step_time_median_s": median,
+        "step_time_p10_s": float(np.percentile(timed, 10)),
+        "step_time_p90_s": float(np.percentile(timed, 90)),
+        "samples_per_s": batch / median,
+        "tokens_per_s": batch * program.data.tokens_per_example / median,
+        "first_loss": records[0]["loss"],
+        "final_loss": records[-1]["loss"],
+    }
+
+
+def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
+        weights: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
+    target, backend = registry.resolve(target_text)
+    available = backend.device_count(target.device)
+    if options.devices > available:
+        raise BackendUnavailable(f"target {target} has {available} device(s) here, but --devices {options.devices} "
+                                 "was asked for")
+    plan: ShardingPlan = make_plan(program, options.devices)
+    backend.configure(target.device, options.devices)
+    executable = backend.lower(program, plan, target, dict(options.backend_options))
+    if weights is None:
+        from .torch_train import initial_weights  # the reference builds the weights once
+
+        weights = initial_weights(program)
+    executable.init(weights)
+
+    records: list[dict[str, float]] = []
+    for step in range(options.steps):
+        batch = program.data.batch(step, program.seed)
+        if step == options.warmup:
+            executable.mark_warm()
+        start = time.perf_counter()
+        metrics = executable.step(batch)
+        elapsed = time.perf_counter() - start
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}, "time_s": elapsed}
+        if not math.isfinite(record["loss"]):
+            raise RunError(f"loss became {record['loss']} at step {step} on {target}; lower the learning rate or "
+                           "use a wider precision")
+        records.append(record)
+        if progress is not None:
+            progress(step, record)
+
+    summary = summarize(program, records, options.warmup)
+    summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None
+    dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
+    return {
+        "xbridge": __version__,
+        "program": program.name,
+        "config": program.config(),
+        "config_hash": program.config_hash,
+        "target": str(target),
+        "precision": program.precision.name,
+        "devices": options.devices,
+        "mesh": dict(plan.mesh),
+        "param_bytes_per_device": plan.bytes_per_device,
+        "versions": {"xbridge": __version__, "numpy": np.__version__, **backend.versions()},
+        "machine": machine(),
+        "steps": records,
+        "summary": summary,
+        "dumped": dumped,
+    }

@@ -1,0 +1,143 @@
+"""The train step in PyTorch, shared by the torch-based backends (eager; later inductor and xla).
+
+Importing this module imports torch: the core never imports it at module level, backends do when they lower.
+
+Precision semantics (the same on every backend):
+- parameters are stored in ``precision.params``, and the optimizer updates them in that dtype;
+- when ``compute`` differs from ``params``, the forward pass and the loss run under autocast to ``compute``;
+- the model's floating outputs are cast to ``precision.output`` before the loss, and the loss is taken in float32;
+- ``loss_scale="dynamic"`` uses torch.amp.GradScaler (fp16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .optim import SGD, AdamW
+from .precision import Precision
+from .program import Program
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def initial_weights(program: Program) -> dict[str, np.ndarray]:
+    """The program's initial weights: the model built under ``torch.manual_seed(program.seed)`` on the CPU in
+    float32, as numpy under the state_dict names. Built once, handed to every backend."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(program.seed)
+        model = program.model()
+    out = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().cpu()
+        out[name] = (value.float() if value.is_floating_point() else value).numpy().copy()
+    return out
+
+
+def to_numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().cpu()
+        out[name] = (value.float() if value.is_floating_point() else value).numpy().copy()
+    return out
+
+
+def build_model(program: Program, weights: dict[str, np.ndarray], device: torch.device) -> torch.nn.Module:
+    """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(program.seed)
+        model = program.model()
+    state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
+    model.load_state_dict(state, strict=True)
+    model.to(device=device, dtype=DTYPES[program.precision.params])
+    _cast_outputs(model, DTYPES[program.precision.output])
+    model.train()
+    return model
+
+
+def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        return torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, output)
+    model.register_forward_hook(hook)
+
+
+def make_optimizer(program: Program, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """torch.optim from the spec (every hyperparameter passed) and a LambdaLR of the spec's schedule."""
+    spec = program.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    if isinstance(spec, AdamW):
+        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
+                                                       weight_decay=spec.weight_decay, amsgrad=False,
+                                                       foreach=False, maximize=False)
+    elif isinstance(spec, SGD):
+        opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, dampening=spec.dampening,
+                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False,
+                              maximize=False)
+    else:  # Program validation makes this unreachable
+        raise TypeError(f"unsupported optimizer spec {spec!r}")
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, spec.schedule.factor)
+    return opt, schedule
+
+
+@contextlib.contextmanager
+def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
+    if precision.compute != precision.params:
+        with torch.autocast(device_type=device_type, dtype=DTYPES[precision.compute]):
+            yield
+    else:
+        yield
+
+
+def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+
+
+def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    if parts == 1:
+        return [batch]
+    chunks = {k: torch.chunk(v, parts, dim=0) for k, v in batch.items()}
+    return [{k: chunks[k][i] for k in batch} for i in range(parts)]
+
+
+class TrainStep:
+    """One optimizer step: micro-batch loop with gradient accumulation, loss scaling, global-norm clipping,
+    the optimizer update and the schedule. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
+
+    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device) -> None:
+        self.program = program
+        self.model = model
+        self.device_type = device.type
+        self.optimizer, self.schedule = make_optimizer(program, model)
+        scaled = program.precision.loss_scale == "dynamic"
+        self.scaler = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        program, model = self.program, self.model
+        accum = program.step.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+        for micro in split_micro(batch, accum):
+            with compute_context(program.precision, self.device_type):
+                loss = program.loss(model, micro)
+            loss = loss.float() / accum
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = total + loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if program.step.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), program.step.clip_grad_norm, foreach=False)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.schedule.step()
+        return total
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
