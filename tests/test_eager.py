@@ -1,0 +1,185 @@
+"""The eager reference backend and the shared run loop: weights, determinism, training, precision semantics,
+gradient accumulation, clipping, schedules and activation hints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import xbridge as xb
+from xbridge import registry
+from xbridge.errors import BackendUnavailable, PlanError
+from xbridge.runloop import RunOptions, run
+from xbridge.torch_train import initial_weights
+
+
+def lower(program, devices=1):
+    target, backend = registry.resolve("eager-cpu")
+    exe = backend.lower(program, xb.plan(program, devices), target, {})
+    exe.init(initial_weights(program))
+    return exe
+
+
+def test_initial_weights_are_numpy_under_state_dict_names(tiny_gpt):
+    w1, w2 = initial_weights(tiny_gpt), initial_weights(tiny_gpt)
+    assert list(w1) == list(tiny_gpt.model().state_dict())
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in w1.values())
+    assert all(np.array_equal(w1[k], w2[k]) for k in w1)
+    w3 = initial_weights(tiny_gpt.replace(seed=1))
+    assert not np.array_equal(w1["blocks.0.q.weight"], w3["blocks.0.q.weight"])
+    # building the weights does not disturb the caller's RNG
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    initial_weights(tiny_gpt)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_state_dict_round_trips_the_initial_weights(tiny_gpt):
+    exe = lower(tiny_gpt)
+    weights = initial_weights(tiny_gpt)
+    state = exe.state_dict()
+    assert list(state) == list(weights)
+    assert all(np.array_equal(state[k], weights[k]) for k in weights)
+
+
+def test_runs_are_bitwise_deterministic(tiny_gpt):
+    a = run(tiny_gpt, "eager-cpu", RunOptions(steps=4, warmup=1))
+    b = run(tiny_gpt, "eager-cpu", RunOptions(steps=4, warmup=1))
+    assert [r["loss"] for r in a["steps"]] == [r["loss"] for r in b["steps"]]
+    c = run(tiny_gpt.replace(seed=3), "eager-cpu", RunOptions(steps=4, warmup=1))
+    assert [r["loss"] for r in c["steps"]] != [r["loss"] for r in a["steps"]]
+
+
+def test_run_record(tiny_gpt):
+    result = run(tiny_gpt, "eager-cpu", RunOptions(steps=5, warmup=2))
+    assert result["target"] == "eager-cpu" and result["config_hash"] == tiny_gpt.config_hash
+    assert [r["step"] for r in result["steps"]] == [0, 1, 2, 3, 4]
+    s = result["summary"]
+    assert s["timed_steps"] == 3 and s["warmup_steps"] == 2 and s["recompiles_after_warmup"] == 0
+    timed = sorted(r["time_s"] for r in result["steps"][2:])
+    assert s["step_time_median_s"] == pytest.approx(timed[1])
+    assert s["samples_per_s"] == pytest.approx(8 / timed[1])
+    assert s["tokens_per_s"] == pytest.approx(8 * 33 / timed[1])
+    assert result["versions"]["torch"] == torch.__version__
+    # the lr of each step follows the schedule (warm-up of 3 then cosine to 50)
+    lrs = [r["lr"] for r in result["steps"]]
+    assert lrs == pytest.approx([1e-2 * tiny_gpt.optimizer.schedule.factor(t) for t in range(5)], rel=1e-12)
+
+
+def test_mlp_learns_digits(mlp_program):
+    result = run(mlp_program, "eager-cpu", RunOptions(steps=100, warmup=2))
+    losses = [r["loss"] for r in result["steps"]]
+    assert losses[0] == pytest.approx(np.log(10), rel=0.1)          # an untrained 10-way classifier
+    assert np.mean(losses[-10:]) < 0.25 * losses[0]
+
+
+@pytest.mark.slow
+def test_shipped_gpt_loss_falls_clearly(gpt_program):
+    result = run(gpt_program, "eager-cpu", RunOptions(steps=40, warmup=2))
+    losses = [r["loss"] for r in result["steps"]]
+    assert losses[0] == pytest.approx(np.log(256), rel=0.05)         # uniform over 256 bytes
+    assert np.mean(losses[-5:]) < 3.2                                  # measured: about 2.55 at step 40
+
+
+def test_gradient_accumulation_equals_one_big_batch(tiny_gpt):
+    whole = tiny_gpt.replace(optimizer=xb.SGD(lr=0.1, momentum=0.9))
+    split = whole.replace(step=xb.StepOptions(grad_accum=4, clip_grad_norm=whole.step.clip_grad_norm))
+    assert whole.step.clip_grad_norm == 1.0          # clipping sees the accumulated gradient
+    a, b = lower(whole), lower(split)
+    for step in range(3):
+        batch = whole.data.batch(step, whole.seed)
+        la, lb = a.step(batch)["loss"], b.step(batch)["loss"]
+        assert lb == pytest.approx(la, rel=1e-6, abs=1e-6)
+    sa, sb = a.state_dict(), b.state_dict()
+    for name in sa:
+        np.testing.assert_allclose(sb[name], sa[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_clipping_bounds_the_global_gradient_norm(tiny_gpt):
+    clip = 1e-3
+    program = tiny_gpt.replace(optimizer=xb.SGD(lr=1.0), step=xb.StepOptions(clip_grad_norm=clip))
+    exe = lower(program)
+    before = exe.state_dict()
+    exe.step(program.data.batch(0, program.seed))
+    after = exe.state_dict()
+    delta = np.sqrt(sum(float(np.sum((after[k] - before[k]).astype(np.float64) ** 2)) for k in before))
+    assert delta == pytest.approx(clip, rel=1e-3)        # SGD step = -lr * clipped gradient, whose norm is clip
+
+
+def test_precision_semantics(tiny_gpt):
+    seen = []
+
+    def loss(model, batch):
+        logits = model(batch["tokens"][:, :-1])
+        seen.append((next(model.parameters()).dtype, logits.dtype))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["tokens"][:, 1:].flatten())
+
+    base = tiny_gpt.replace(loss=loss)
+    expected = {
+        "fp32": (torch.float32, torch.float32),
+        "bf16-mixed": (torch.float32, torch.float32),        # autocast inside, output cast to float32
+        "bf16-true": (torch.bfloat16, torch.float32),
+        "params=float32,compute=bfloat16,output=bfloat16": (torch.float32, torch.bfloat16),
+        "fp16-mixed": (torch.float32, torch.float32),
+    }
+    losses = {}
+    for name, dtypes in expected.items():
+        seen.clear()
+        program = base.replace(precision=name)
+        exe = lower(program)
+        losses[name] = exe.step(program.data.batch(0, program.seed))["loss"]
+        assert seen == [dtypes], name
+        assert next(exe.model.parameters()).dtype == dtypes[0]
+    for name, value in losses.items():   # the first loss is the same model on the same batch
+        assert value == pytest.approx(losses["fp32"], rel=2e-2), name
+    assert exe.train_step.scaler is not None and exe.train_step.scaler.get_scale() > 1.0
+
+
+def test_compute_dtype_reaches_the_matmuls(tiny_gpt):
+    seen = []
+    program = tiny_gpt.replace(precision="bf16-mixed")
+    exe = lower(program)
+    exe.model.blocks[0].q.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    exe.step(program.data.batch(0, program.seed))
+    assert seen == [torch.bfloat16]
+
+
+def test_activation_hints_are_checked_against_the_mesh(tiny_gpt):
+    assert xb.shard("not a tensor", "data") == "not a tensor"      # no backend active: identity
+
+    class Hinted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.lin(xb.shard(x, "batch", None))
+
+    program = xb.Program(name="hinted", model=Hinted, loss=lambda m, b: m(b["x"]).logsumexp(-1).mean(),
+                         data=xb.data.Digits(batch_size=8), optimizer=xb.SGD(lr=0.1))
+    exe = lower(program)
+    with pytest.raises(PlanError, match="xb.shard spec \\('batch', None\\) names mesh axis 'batch', which is not "
+                                        "in the mesh \\(axes: data\\)"):
+        exe.step(program.data.batch(0, 0))
+
+
+def test_eager_runs_on_one_device_only(tiny_gpt):
+    with pytest.raises(BackendUnavailable, match="target eager-cpu has 1 device\\(s\\) here, but --devices 2"):
+        run(tiny_gpt, "eager-cpu", RunOptions(steps=2, warmup=0, devices=2))
+
+
+def test_dump_writes_the_module_tree(tiny_gpt, tmp_path):
+    result = run(tiny_gpt, "eager-cpu", RunOptions(steps=1, warmup=0, dump=tmp_path))
+    assert result["dumped"] == [str(tmp_path / "eager_module.txt")]
+    assert "Block(" in (tmp_path / "eager_module.txt").read_text()
+
+
+def test_flops_per_step_is_exact_for_the_mlp(mlp_program):
+    from xbridge.flops import flops_per_step
+
+    weights = 64 * 256 + 256 * 256 + 256 * 10
+    batch = mlp_program.data.batch_size
+    # forward 2*W*B, backward 4*W*B, minus the input gradient of the first layer (x needs no gradient)
+    assert flops_per_step(mlp_program) == 6 * weights * batch - 2 * 64 * 256 * batch
