@@ -23,11 +23,14 @@ class Format(str, Enum):
     json = "json"
 
 
-def _load(program_path: str, precision: str | None = None, seed: int | None = None) -> Any:
+def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None) -> Any:
     from .loader import load_program
+    from .mesh import parse_mesh
 
     program = load_program(program_path)
     changes: dict[str, Any] = {}
+    if mesh is not None:
+        changes["mesh"] = parse_mesh(mesh)
     if precision is not None:
         changes["precision"] = precision
     if seed is not None:
@@ -40,10 +43,11 @@ def run(
     program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
     backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
     steps: int = typer.Option(30, help="Optimizer steps to run (warm-up included)."),
-    warmup: int = typer.Option(2, help="Leading steps excluded from timing (tracing and compilation happen here)."),
+    warmup: Optional[int] = typer.Option(None, help="Leading steps excluded from timing, where tracing and compilation happen (default 2)."),
     seed: Optional[int] = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
     precision: Optional[str] = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, fp16-mixed or params=...,compute=...,output=..."),
     devices: int = typer.Option(1, help="Devices the mesh spans."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
     out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
     dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
@@ -52,7 +56,7 @@ def run(
     from .runloop import RunOptions, run as run_program
 
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump)
-    prog = _load(program, precision, seed)
+    prog = _load(program, precision, seed, mesh)
     if out is not None:
         report.check_writable(out, "--out")
     with report.progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
@@ -78,10 +82,11 @@ def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
         report.print_backends(rows)
 
 
-@app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8")
+@app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")
 def inspect(
     program: str = typer.Argument(..., help="Program file."),
     devices: int = typer.Option(1, help="Devices the mesh spans."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
     precision: Optional[str] = typer.Option(None, help="Override the precision (changes parameter bytes)."),
     format: Format = typer.Option(Format.human, "--format"),
 ) -> None:
@@ -89,7 +94,7 @@ def inspect(
     from .flops import flops_per_step
     from .planning import plan
 
-    prog = _load(program, precision)
+    prog = _load(program, precision, mesh=mesh)
     the_plan = plan(prog, devices)
     info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
             "flops_per_step": flops_per_step(prog), "batch_size": prog.data.batch_size, "plan": the_plan.to_json()}

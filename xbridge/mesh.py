@@ -63,3 +63,17 @@ class Mesh:
             raise PlanError(f"mesh ({shape}) has {fixed} devices but {devices} are in use; make the axes multiply "
                             f"to {devices}, use -1 for one axis, or pass --devices {fixed}")
         return dict(self.axes)
+
+
+def parse_mesh(text: str) -> Mesh:
+    """``"data=-1,model=2"`` -> ``Mesh(data=-1, model=2)`` (the ``--mesh`` flag)."""
+    axes = []
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        try:
+            axes.append((name.strip(), int(size)))
+        except ValueError:
+            raise ConfigError(f"--mesh part {part.strip()!r} of {text!r} is not NAME=SIZE (e.g. data=-1,model=2)") from None
+        if not sep:
+            raise ConfigError(f"--mesh part {part.strip()!r} of {text!r} is not NAME=SIZE (e.g. data=-1,model=2)")
+    return Mesh(axes)

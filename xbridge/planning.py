@@ -84,7 +84,7 @@ def _fmt_spec(spec: Spec) -> str:
 
 
 def _check_spec(name: str, shape: tuple[int, ...], spec: Spec, rule: str, sizes: dict[str, int]) -> tuple[Spec, tuple[int, ...]]:
-    where = f"parameter {name!r} of shape {tuple(shape)} (rule {rule!r}, spec {_fmt_spec(spec)})"
+    where = f"parameter {name!r} of shape {tuple(shape)} (rule '{rule}', spec {_fmt_spec(spec)})"
     if len(spec) > len(shape):
         raise PlanError(f"{where}: the spec has {len(spec)} entries but the tensor has rank {len(shape)}; "
                         "drop the extra entries")
@@ -145,8 +145,8 @@ def plan(program: Program, devices: int, model: Any = None) -> ShardingPlan:
         shape = tuple(int(d) for d in tensor.shape)
         matches = [pattern for pattern in rules if re.fullmatch(pattern, name)]
         if len(matches) > 1:
-            raise PlanError(f"parameter {name!r} of shape {shape} is matched by two sharding rules, {matches[0]!r} "
-                            f"and {matches[1]!r}; make the regexes exclusive")
+            raise PlanError(f"parameter {name!r} of shape {shape} is matched by two sharding rules, '{matches[0]}' "
+                            f"and '{matches[1]}'; make the regexes exclusive")
         if matches:
             rule: str | None = matches[0]
             used.add(rule)
@@ -162,6 +162,6 @@ def plan(program: Program, devices: int, model: Any = None) -> ShardingPlan:
                                 math.prod(shape) * itemsize))
     unused = [pattern for pattern in rules if pattern not in used]
     if unused:
-        raise PlanError(f"sharding rule {unused[0]!r} (spec {_fmt_spec(rules[unused[0]])}) matches no parameter of "
+        raise PlanError(f"sharding rule '{unused[0]}' (spec {_fmt_spec(rules[unused[0]])}) matches no parameter of "
                         f"program {program.name!r}; run `xbridge inspect` to list the parameter names")
     return ShardingPlan(tuple(sizes.items()), devices, tuple(params), sharding.batch)

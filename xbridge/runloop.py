@@ -28,7 +28,7 @@ Progress = Callable[[int, dict[str, float]], None]
 @dataclass
 class RunOptions:
     steps: int = 30
-    warmup: int = 2
+    warmup: int | None = None     # default: 2, or steps - 1 when fewer steps are run
     devices: int = 1
     dump: Path | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +36,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.warmup is None:
+            self.warmup = min(2, self.steps - 1)
         if not 0 <= self.warmup < self.steps:
             raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {self.warmup}")
         if self.devices < 1:

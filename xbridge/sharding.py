@@ -67,8 +67,8 @@ class Sharding:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise ConfigError(f"sharding rule {pattern!r} is not a valid regex: {exc}") from None
-            rules[pattern] = normalize_spec(spec, f"sharding rule {pattern!r}")
+                raise ConfigError(f"sharding rule '{pattern}' is not a valid regex: {exc}") from None
+            rules[pattern] = normalize_spec(spec, f"sharding rule '{pattern}'")
         object.__setattr__(self, "params", rules)
         object.__setattr__(self, "batch", normalize_spec(self.batch, "Sharding batch"))
         if self.fsdp is not None and not isinstance(self.fsdp, str):
