@@ -97,8 +97,8 @@ class Backend:
                 pass
         return out
 
-    def device_count(self, device: str) -> int:
-        """How many devices of this kind a run may use here."""
+    def device_count(self, device: str) -> int | None:
+        """How many devices of this kind a run may use here; None for virtual devices (any count)."""
         return 1
 
     def configure(self, device: str, devices: int) -> None:

@@ -37,3 +37,9 @@ class RunError(XBridgeError):
     """A run failed for a reason the user can act on (for example a non-finite loss)."""
 
     exit_code = 1
+
+
+class LoweringError(XBridgeError):
+    """A backend cannot lower something in the program (an operator, a construct). Names the op and module."""
+
+    exit_code = 1

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from .config import register
 from .errors import ConfigError
@@ -26,6 +29,9 @@ class Constant:
 
     def factor(self, step: int) -> float:
         return 1.0
+
+    def factor_array(self, step: Any, xp: Any) -> Any:
+        return xp.ones_like(step, dtype=xp.float32)
 
 
 @register
@@ -46,10 +52,16 @@ class WarmupCosine:
         _check(0.0 <= self.min_ratio <= 1.0, f"WarmupCosine min_ratio must be in [0, 1], got {self.min_ratio!r}")
 
     def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return float(self.factor_array(np.float64(step), np))
+
+    def factor_array(self, step: Any, xp: Any) -> Any:
+        """The same formula on an array namespace (numpy, jax.numpy), for a traced step count."""
+        warm = self.warmup_steps
+        progress = xp.clip((step - warm) / (self.total_steps - warm), 0.0, 1.0)
+        decay = self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + xp.cos(math.pi * progress))
+        if warm == 0:
+            return decay
+        return xp.where(step < warm, (step + 1) / warm, decay)
 
 
 Schedule = Constant | WarmupCosine

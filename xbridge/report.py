@@ -103,7 +103,7 @@ def print_backends(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         detail = ", ".join(f"{k} {v}" for k, v in row["versions"].items()) if row["available"] else row["reason"]
         table.add_row(row["target"], "[green]available[/]" if row["available"] else "[red]unavailable[/]",
-                      str(row["devices"]), detail)
+                      "any (virtual)" if row["devices"] is None else str(row["devices"]), detail)
     console.print(table)
 
 

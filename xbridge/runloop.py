@@ -72,7 +72,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
     target, backend = registry.resolve(target_text)
     available = backend.device_count(target.device)
-    if options.devices > available:
+    if available is not None and options.devices > available:
         raise BackendUnavailable(f"target {target} has {available} device(s) here, but --devices {options.devices} "
                                  "was asked for")
     plan: ShardingPlan = make_plan(program, options.devices)

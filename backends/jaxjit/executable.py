@@ -1,0 +1,257 @@
+"""The JAX executable: state placement from the plan, one jitted train step (GSPMD or shard_map), numpy I/O."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from xbridge import hints
+from xbridge.backend import Target
+from xbridge.cache import cache_dir
+from xbridge.errors import BackendUnavailable
+from xbridge.planning import ShardingPlan
+from xbridge.program import Program
+from xbridge.sharding import Spec, spec_axes
+from xbridge.torch_train import build_model
+
+from . import optimizers
+from .lowering import LoweredLoss, matmul_precision, sharding_hint
+
+JNP_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache, on by default (JAX_COMPILATION_CACHE_DIR still wins)."""
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir("jax")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
+    if np.issubdtype(array.dtype, np.floating):
+        return array.astype(float_dtype)
+    if array.dtype == np.int64 and not jax.config.jax_enable_x64:
+        if array.size and (array.max() > np.iinfo(np.int32).max or array.min() < np.iinfo(np.int32).min):
+            raise ValueError("int64 values do not fit in int32 (JAX runs without x64)")
+        return array.astype(np.int32)
+    return array
+
+
+class JaxExecutable:
+    def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
+        self.program, self.plan, self.target, self.mode = program, plan, target, mode
+        enable_compilation_cache()
+        available = jax.devices(target.device)
+        if len(available) < plan.devices:
+            raise BackendUnavailable(f"target {target} has {len(available)} device(s), the plan needs {plan.devices}")
+        sizes = plan.axis_sizes
+        self.mesh = jax.sharding.Mesh(np.array(available[: plan.devices]).reshape(tuple(sizes.values())),
+                                      tuple(sizes))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.traces = 0
+        self.warm_traces = 0
+        self.scaling = program.precision.loss_scale == "dynamic"
+        self.tx = optimizers.direction(program.optimizer)
+
+    # ------------------------------------------------------------------ state
+
+    def init(self, weights: dict[str, np.ndarray]) -> None:
+        program = self.program
+        model = build_model(program, weights, torch.device("cpu"))
+        self.lowered = LoweredLoss(program, model)
+        self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
+                             else hints.checker(self.plan.axis_sizes))
+        self.names = list(weights)
+        float_dtype = JNP_DTYPES[program.precision.params]
+        planned = {p.name: p.spec for p in self.plan.params}
+        self.specs: dict[str, Spec] = {}
+        for name in self.lowered.param_names:
+            aliases = [n for n, c in self.lowered.canonical.items() if c == name]
+            self.specs[name] = next((planned[n] for n in [name, *aliases] if n in planned), ())
+        params = {n: jax.device_put(to_jax_dtype(weights[n], float_dtype), NamedSharding(self.mesh, P(*self.specs[n])))
+                  for n in self.lowered.param_names}
+        buffers = {n: jax.device_put(to_jax_dtype(b.detach().numpy(), float_dtype), self.replicated)
+                   for n, b in self.lowered.module.buffers.items()}
+        opt = self.tx.init(params)
+        state = {"params": params, "opt": opt, "buffers": buffers, "step": jnp.int32(0)}
+        if self.scaling:
+            state["scaler"] = optimizers.scaler_init()
+        self.state_specs = self._state_specs(state)
+        self.state_shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs,
+                                            is_leaf=lambda x: isinstance(x, P))
+        self.state = jax.device_put(state, self.state_shardings)
+        batch_spec = P(*self.plan.batch)
+        self.batch_sharding = NamedSharding(self.mesh, batch_spec)
+        self.batch_spec = batch_spec
+        self.jitted = self._build()
+
+    def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
+        params = state["params"]
+
+        def spec_for(path: tuple, leaf: Any) -> P:
+            for entry in reversed(path):
+                key = getattr(entry, "key", None)
+                if key in params and getattr(leaf, "shape", None) == params[key].shape:
+                    return P(*self.specs[key])
+            return P()
+
+        return jax.tree_util.tree_map_with_path(spec_for, {**state, "buffers": {}}) | {
+            "buffers": {n: P() for n in state["buffers"]}}
+
+    # ------------------------------------------------------------------ the step
+
+    def _micro_grads(self, params: Any, buffers: Any, batch: Any, scale: Any, divisor: float,
+                     gather: Callable[[Any], Any]) -> tuple[Any, jax.Array]:
+        """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale) and the
+        mean unscaled loss of this device's batch."""
+        accum = self.program.step.grad_accum
+
+        def loss_fn(p: Any, mb: Any) -> tuple[jax.Array, jax.Array]:
+            loss = self.lowered(gather(p), buffers, mb)
+            scaled = loss / (accum * divisor)
+            return (scaled * scale if scale is not None else scaled), loss
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if accum == 1:
+            (_, loss), grads = grad_fn(params, batch)
+            return grads, loss
+        micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+        def body(carry: Any, mb: Any) -> tuple[Any, None]:
+            g_acc, l_acc = carry
+            (_, loss), g = grad_fn(params, mb)
+            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss / accum), None
+
+        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32))
+        (grads, loss), _ = jax.lax.scan(body, init, micro)
+        return grads, loss
+
+    def _apply(self, state: dict[str, Any], grads: Any, loss: jax.Array,
+               reduce_sum: Callable[[str, jax.Array], jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+        """Unscale, clip by global norm (torch's formula), optimizer update, loss-scale bookkeeping.
+        ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices holding that parameter's shards."""
+        spec = self.program.optimizer
+        params = state["params"]
+        new = dict(state)
+        if self.scaling:
+            inv = 1.0 / state["scaler"].scale
+            grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
+            bad = sum(reduce_sum(n, jnp.sum(~jnp.isfinite(g)).astype(jnp.float32)) for n, g in grads.items())
+            finite = bad == 0
+        clip = self.program.step.clip_grad_norm
+        if clip is not None:
+            sq = sum(reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items())
+            coef = jnp.minimum(clip / (jnp.sqrt(sq) + 1e-6), 1.0)
+            grads = jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads)
+        lr = optimizers.learning_rate(spec, state["step"])
+        direction, opt = self.tx.update(grads, state["opt"], params)
+        updated = optax.apply_updates(params, jax.tree.map(lambda u: -lr * u, direction))
+        if self.scaling:
+            new["params"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), updated, params)
+            new["opt"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), opt, state["opt"])
+            new["scaler"] = optimizers.scaler_update(state["scaler"], finite)
+        else:
+            new["params"], new["opt"] = updated, opt
+        new["step"] = state["step"] + 1
+        return new, {"loss": loss, "lr": lr}
+
+    def _build(self) -> Callable:
+        scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
+        metric_specs = {"loss": P(), "lr": P()}
+
+        if self.mode == "gspmd":
+            def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
+                self.traces += 1
+                grads, loss = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state), 1.0,
+                                                lambda p: p)
+                return self._apply(state, grads, loss, lambda name, x: x)
+
+            metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
+            return jax.jit(step, in_shardings=(self.state_shardings, self.batch_sharding),
+                           out_shardings=(self.state_shardings, metrics), donate_argnums=(0,))
+
+        axes = tuple(self.mesh.axis_names)
+        n_devices = math.prod(self.plan.axis_sizes.values())
+        sharded_axes = {n: tuple(spec_axes(s)) for n, s in self.specs.items()}
+
+        def gather(params: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            """All-gather every sharded dimension: the torch model sees full parameters."""
+            full = {}
+            for name, value in params.items():
+                for dim, entry in enumerate(self.specs[name]):
+                    if entry is not None:
+                        value = jax.lax.all_gather(value, entry, axis=dim, tiled=True)
+                full[name] = value
+            return full
+
+        def reduce_sum(name: str, x: jax.Array) -> jax.Array:
+            return jax.lax.psum(x, sharded_axes[name]) if sharded_axes[name] else x
+
+        def per_device(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
+            self.traces += 1
+            # Each device differentiates its local mean loss / n_devices. The transpose of all_gather sums the
+            # gathered axes (psum_scatter); summing the remaining axes gives every device the global gradient.
+            grads, loss = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
+                                            float(n_devices), gather)
+            grads = {n: (jax.lax.psum(g, rest) if (rest := tuple(a for a in axes if a not in sharded_axes[n])) else g)
+                     for n, g in grads.items()}
+            loss = jax.lax.psum(loss, axes) / n_devices
+            return self._apply(state, grads, loss, reduce_sum)
+
+        batch_specs = self.batch_spec
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.state_specs, batch_specs),
+                               out_specs=(self.state_specs, metric_specs), check_vma=False)
+        return jax.jit(mapped, donate_argnums=(0,))
+
+    # ------------------------------------------------------------------ the contract
+
+    def _device_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        float_dtype = JNP_DTYPES[self.program.precision.params]
+        return {k: jax.device_put(to_jax_dtype(v, float_dtype), self.batch_sharding) for k, v in batch.items()}
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        device_batch = self._device_batch(batch)
+        self._last_batch = device_batch
+        with matmul_precision(self.program.precision.compute):
+            self.state, metrics = self.jitted(self.state, device_batch)
+        return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"])}  # float() waits for the device
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        params = jax.device_get(self.state["params"])
+        buffers = jax.device_get(self.state["buffers"])
+        out = {}
+        for name in self.names:
+            canonical = self.lowered.canonical.get(name)
+            value = params[canonical] if canonical is not None else buffers[name]
+            value = np.asarray(value)
+            out[name] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16 else value
+        return out
+
+    def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
+        """The live sharding of every trained parameter (for tests and inspection)."""
+        return {n: a.sharding for n, a in self.state["params"].items()}
+
+    def recompiles(self) -> int:
+        return self.traces - self.warm_traces
+
+    def mark_warm(self) -> None:
+        self.warm_traces = self.traces
+
+    def dump(self, directory: Path) -> list[Path]:
+        directory.mkdir(parents=True, exist_ok=True)
+        with matmul_precision(self.program.precision.compute):
+            lowered = self.jitted.lower(self.state, self._last_batch)
+        stablehlo = directory / f"jax_{self.mode}_step.stablehlo.mlir"
+        stablehlo.write_text(lowered.as_text())
+        hlo = directory / f"jax_{self.mode}_step.optimized.hlo.txt"
+        hlo.write_text(lowered.compile().as_text())
+        return [stablehlo, hlo]

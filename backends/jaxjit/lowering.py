@@ -1,0 +1,102 @@
+"""torch module + loss -> a pure JAX function of (params, buffers, batch), through torchax.
+
+``torchax.interop.JittableModule.functional_call`` runs ``program.loss(model, batch)`` with the module's parameters
+replaced by the arrays we pass (torchax tensors wrapping JAX tracers), so the user's loss and model run unchanged.
+Compute precision uses torchax's autocast (the same op policy as torch.autocast); ``xb.shard`` hints become
+``jax.lax.with_sharding_constraint`` through a handler installed for the trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import torch
+import torchax
+from torchax import interop
+from torchax.amp import autocast
+from torchax.tensor import OperatorNotFound
+
+from xbridge import hints
+from xbridge.errors import LoweringError
+from xbridge.program import Program
+from xbridge.torch_train import DTYPES
+
+
+class ModuleTracker:
+    """Knows which submodule is running, so a failed lowering can name it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.stack: list[str] = []
+        for name, module in model.named_modules():
+            module.register_forward_pre_hook(lambda m, a, name=name: self.stack.append(name or "<root>"))
+            module.register_forward_hook(lambda m, a, o: self.stack.pop() if self.stack else None)
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else "<loss function, outside the model>"
+
+
+class LoweredLoss:
+    """``self(params, buffers, batch) -> float32 loss``; params keyed by the canonical (untied) names."""
+
+    def __init__(self, program: Program, model: torch.nn.Module) -> None:
+        self.program = program
+        self.env = torchax.default_env()
+        self.module = interop.JittableModule(model, dedup_parameters=True)
+        self.tracker = ModuleTracker(model)
+        ids = {id(t): name for name, t in self.module.params.items()}
+        # every parameter name (tied ones included) -> the name it is trained under
+        self.canonical = {n: ids[id(t)] for n, t in model.named_parameters(remove_duplicate=False)}
+        self.hint: hints.Handler | None = None
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(self.module.params)
+
+    def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
+        precision = self.program.precision
+        p, b, tb = self.env.j2t_iso((params, buffers, batch))
+        amp = (autocast("jax", dtype=DTYPES[precision.compute], env=self.env) if precision.mixed
+               else contextlib.nullcontext())
+        try:
+            with self.env, amp, hints.activate(self.hint):
+                loss = self.module.functional_call(self.program.loss, p, b, tb)
+        except OperatorNotFound as exc:
+            op = str(exc).removeprefix("Operator with name ").removesuffix(" has no lowering")
+            raise LoweringError(f"torchax cannot lower torch operator {op} (in module {self.tracker.current!r} of "
+                                f"program {self.program.name!r}); rewrite that part of the model with supported "
+                                "ops or run it on another backend") from None
+        finally:
+            self.tracker.stack.clear()
+        out = self.env.t2j_iso(loss)
+        if not isinstance(out, jax.Array) or out.shape != ():
+            raise LoweringError(f"the loss of program {self.program.name!r} must return a scalar tensor, got "
+                                f"{getattr(out, 'shape', type(out).__name__)}")
+        return out.astype(jnp.float32)
+
+
+def sharding_hint(mesh: jax.sharding.Mesh, axis_sizes: dict[str, int]) -> hints.Handler:
+    """``xb.shard`` -> ``with_sharding_constraint`` on the activation (GSPMD mode)."""
+    def handle(x: Any, spec: tuple) -> Any:
+        hints.check_hint(x, spec, axis_sizes)
+        value = interop.jax_view(x)
+        constrained = jax.lax.with_sharding_constraint(
+            value, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
+        return interop.torch_view(constrained)
+    return handle
+
+
+@contextlib.contextmanager
+def matmul_precision(compute: str) -> Iterator[None]:
+    """fp32 means fp32: "highest" matmul precision when compute is float32 (TF32/bf16 passes off on GPU/TPU)."""
+    if compute == "float32":
+        with jax.default_matmul_precision("highest"):
+            yield
+    else:
+        yield
+
+
+Fn = Callable[..., Any]

@@ -1,0 +1,80 @@
+"""optax transformations with torch.optim's exact semantics, and torch.amp.GradScaler's dynamic loss scaling.
+
+The learning rate is applied outside the transformation (``updates * -lr``) with lr computed from the step count
+we keep ourselves: torch advances its LambdaLR on every step, even one that GradScaler skips, while the optimizer's
+own count (Adam's bias correction) only advances on applied steps. Keeping the two counts apart matches both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from xbridge.optim import SGD, AdamW
+
+
+class TorchMomentumState(NamedTuple):
+    buf: Any
+    started: jax.Array
+
+
+def torch_sgd_momentum(momentum: float, dampening: float, nesterov: bool) -> optax.GradientTransformation:
+    """torch.optim.SGD's momentum: the first buffer is the gradient itself, then
+    ``buf = momentum*buf + (1-dampening)*g``; Nesterov uses ``g + momentum*buf``. (optax.trace starts from zeros
+    and has no dampening, so it differs whenever dampening != 0.)"""
+
+    def init(params: Any) -> TorchMomentumState:
+        return TorchMomentumState(jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.bool_))
+
+    def update(grads: Any, state: TorchMomentumState, params: Any = None) -> tuple[Any, TorchMomentumState]:
+        buf = jax.tree.map(
+            lambda b, g: jnp.where(state.started, momentum * b + (1.0 - dampening) * g, g).astype(b.dtype),
+            state.buf, grads)
+        out = jax.tree.map(lambda g, b: g + momentum * b, grads, buf) if nesterov else buf
+        return out, TorchMomentumState(buf, jnp.ones([], jnp.bool_))
+
+    return optax.GradientTransformation(init, update)
+
+
+def direction(spec: SGD | AdamW) -> optax.GradientTransformation:
+    """The update direction before ``* -lr``: every hyperparameter from the spec, nothing from optax defaults."""
+    if isinstance(spec, AdamW):
+        # optax.adamw = chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); the last is ours.
+        return optax.chain(
+            optax.scale_by_adam(b1=spec.betas[0], b2=spec.betas[1], eps=spec.eps, eps_root=0.0, nesterov=False),
+            optax.add_decayed_weights(spec.weight_decay),
+        )
+    if isinstance(spec, SGD):
+        parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []  # coupled, as torch
+        if spec.momentum:
+            parts.append(torch_sgd_momentum(spec.momentum, spec.dampening, spec.nesterov))
+        return optax.chain(*parts) if parts else optax.identity()
+    raise TypeError(f"unsupported optimizer spec {spec!r}")
+
+
+def learning_rate(spec: SGD | AdamW, step: jax.Array) -> jax.Array:
+    return jnp.float32(spec.lr) * spec.schedule.factor_array(step.astype(jnp.float32), jnp).astype(jnp.float32)
+
+
+class ScalerState(NamedTuple):
+    scale: jax.Array        # float32
+    growth_tracker: jax.Array  # int32
+
+
+# torch.amp.GradScaler defaults
+INIT_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000
+
+
+def scaler_init() -> ScalerState:
+    return ScalerState(jnp.float32(INIT_SCALE), jnp.int32(0))
+
+
+def scaler_update(state: ScalerState, finite: jax.Array) -> ScalerState:
+    """GradScaler.update: back off and reset on overflow; grow after GROWTH_INTERVAL finite steps in a row."""
+    tracker = jnp.where(finite, state.growth_tracker + 1, 0)
+    grow = tracker >= GROWTH_INTERVAL
+    scale = jnp.where(finite, jnp.where(grow, state.scale * GROWTH_FACTOR, state.scale), state.scale * BACKOFF_FACTOR)
+    return ScalerState(scale.astype(jnp.float32), jnp.where(grow, 0, tracker).astype(jnp.int32))
