@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# JAX reads its virtual CPU device count once, before it initialises: give the test process 8 (subprocesses
+# inherit it). Backends only take what a test's plan asks for.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "programs"
 

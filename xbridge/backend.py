@@ -59,6 +59,8 @@ class Backend:
     devices: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     extra: str = ""             # pip extra that installs the requirements
+    options: tuple[str, ...] = ()   # backend options it takes (CLI flags such as --sharding-mode)
+    sharded: bool = True        # False: runs on one device and ignores the mesh (its plan collapses every axis to 1)
     unsupported: dict[str, str] = {}   # device -> why this backend cannot ever target it
 
     def missing_package(self) -> str | None:

@@ -47,6 +47,10 @@ class Mesh:
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
 
+    def collapsed(self) -> "Mesh":
+        """The same axis names, each of size 1: the mesh of an unsharded (single-device) run."""
+        return Mesh(tuple((n, 1) for n in self.names))
+
     def resolve(self, devices: int) -> dict[str, int]:
         """Axis sizes for ``devices`` devices, with -1 filled in. Raises PlanError naming the mismatch."""
         if not isinstance(devices, int) or devices < 1:

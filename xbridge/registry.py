@@ -87,7 +87,7 @@ def resolve(text: str) -> tuple[Target, Backend]:
     name = parsed if isinstance(parsed, str) else parsed.backend
     loaded = load(name)
     if loaded.backend is None:
-        raise BackendUnavailable(f"target {text!r} is unavailable: {loaded.error}")
+        raise BackendUnavailable(f"target {text} is unavailable: {loaded.error}")
     backend = loaded.backend
     if isinstance(parsed, str):
         device = backend.default_device()

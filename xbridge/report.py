@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -76,7 +77,7 @@ def _bytes(n: float) -> str:
 
 def print_run(result: dict[str, Any]) -> None:
     s = result["summary"]
-    table = Table(title=f"{result['program']} on {result['target']} ({result['precision']}, "
+    table = Table(title=f"{escape(result['program'])} on {result['target']} ({result['precision']}, "
                         f"{result['devices']} device(s), config {result['config_hash']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -93,7 +94,7 @@ def print_run(result: dict[str, Any]) -> None:
         table.add_row(name, value)
     console.print(table)
     if result.get("written"):
-        console.print(f"wrote {result['written']}")
+        console.print(f"wrote {escape(result['written'])}")
 
 
 def print_backends(rows: list[dict[str, Any]]) -> None:
@@ -103,14 +104,14 @@ def print_backends(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         detail = ", ".join(f"{k} {v}" for k, v in row["versions"].items()) if row["available"] else row["reason"]
         table.add_row(row["target"], "[green]available[/]" if row["available"] else "[red]unavailable[/]",
-                      "any (virtual)" if row["devices"] is None else str(row["devices"]), detail)
+                      "any (virtual)" if row["devices"] is None else str(row["devices"]), escape(detail or ""))
     console.print(table)
 
 
 def print_inspect(info: dict[str, Any]) -> None:
     plan = info["plan"]
     mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
-    console.print(f"program [bold]{info['program']}[/] (config {info['config_hash']}), precision {info['precision']}")
+    console.print(f"program [bold]{escape(info['program'])}[/] (config {info['config_hash']}), precision {info['precision']}")
     console.print(f"mesh {mesh} over {plan['devices']} device(s); batch spec {tuple(plan['batch'])}")
     console.print(f"parameters: {plan['total_params']:,}; bytes per device: {_bytes(plan['bytes_per_device'])}")
     console.print(f"model FLOPs per step (forward + backward, global batch of {info['batch_size']}): "
@@ -120,6 +121,6 @@ def print_inspect(info: dict[str, Any]) -> None:
         table.add_column(col, justify="right" if col == "bytes/device" else "left")
     for p in plan["params"]:
         spec = "(" + ", ".join("None" if e is None else str(e) for e in p["spec"]) + ")"
-        table.add_row(p["name"], str(tuple(p["shape"])), p["dtype"], spec, p["rule"] or "-",
+        table.add_row(escape(p["name"]), str(tuple(p["shape"])), p["dtype"], escape(spec), escape(p["rule"] or "-"),
                       str(tuple(p["shard_shape"])), _bytes(p["shard_bytes"]))
     console.print(table)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import __version__, registry
+from .backend import Backend, Executable, Target
 from .errors import BackendUnavailable, ConfigError, RunError
 from .planning import ShardingPlan, plan as make_plan
 from .program import Program
@@ -67,15 +68,29 @@ def summarize(program: Program, records: list[dict[str, float]], warmup: int) ->
     }
 
 
-def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
-        weights: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
+@dataclass
+class Prepared:
+    target: Target
+    backend: Backend
+    plan: ShardingPlan
+    executable: Executable
+
+
+def prepare(program: Program, target_text: str, options: RunOptions,
+            weights: dict[str, np.ndarray] | None = None) -> Prepared:
+    """Resolve the target, plan, lower and load the initial weights: everything before the first step."""
     target, backend = registry.resolve(target_text)
     available = backend.device_count(target.device)
     if available is not None and options.devices > available:
         raise BackendUnavailable(f"target {target} has {available} device(s) here, but --devices {options.devices} "
                                  "was asked for")
-    plan: ShardingPlan = make_plan(program, options.devices)
+    for key in options.backend_options:
+        if key not in backend.options:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"target {target} takes no {flag} (it takes: {', '.join(backend.options) or 'no options'})")
+    # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
+    planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
+    plan = make_plan(planned, options.devices)
     backend.configure(target.device, options.devices)
     executable = backend.lower(program, plan, target, dict(options.backend_options))
     if weights is None:
@@ -83,23 +98,37 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
 
         weights = initial_weights(program)
     executable.init(weights)
+    return Prepared(target, backend, plan, executable)
 
+
+def train(program: Program, prepared: Prepared, steps: int, warmup: int,
+          progress: Progress | None = None) -> list[dict[str, float]]:
+    """Run ``steps`` steps on the batches of the program's data spec; time each one. Warm-up ends at ``warmup``."""
+    executable = prepared.executable
     records: list[dict[str, float]] = []
-    for step in range(options.steps):
+    for step in range(steps):
         batch = program.data.batch(step, program.seed)
-        if step == options.warmup:
+        if step == warmup:
             executable.mark_warm()
         start = time.perf_counter()
         metrics = executable.step(batch)
         elapsed = time.perf_counter() - start
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}, "time_s": elapsed}
         if not math.isfinite(record["loss"]):
-            raise RunError(f"loss became {record['loss']} at step {step} on {target}; lower the learning rate or "
-                           "use a wider precision")
+            raise RunError(f"loss became {record['loss']} at step {step} on {prepared.target}; lower the learning "
+                           "rate or use a wider precision")
         records.append(record)
         if progress is not None:
             progress(step, record)
+    return records
 
+
+def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
+        weights: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
+    prepared = prepare(program, target_text, options, weights)
+    target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
+    records = train(program, prepared, options.steps, options.warmup, progress)
     summary = summarize(program, records, options.warmup)
     summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []

@@ -5,6 +5,7 @@ Importing this module imports torch: the core never imports it at module level, 
 Precision semantics (the same on every backend):
 - parameters are stored in ``precision.params``, and the optimizer updates them in that dtype;
 - when ``compute`` differs from ``params``, the forward pass and the loss run under autocast to ``compute``;
+- floating batch arrays reach the loss in ``precision.params``;
 - the model's floating outputs are cast to ``precision.output`` before the loss, and the loss is taken in float32;
 - ``loss_scale="dynamic"`` uses torch.amp.GradScaler (fp16).
 """
@@ -92,8 +93,11 @@ def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
         yield
 
 
-def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
+    """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over)."""
+    dtype = DTYPES[precision.params]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if np.issubdtype(v.dtype, np.floating) else None)
+            for k, v in batch.items()}
 
 
 def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ class EagerBackend(Backend):
     devices = ("cuda", "cpu")
     requires = ("torch",)
     extra = "eager"
+    sharded = False
 
     def device_reason(self, device: str) -> str | None:
         if device == "cuda":

@@ -39,7 +39,7 @@ class EagerExecutable:
         assert self.train_step is not None, "init() must be called before step()"
         lr = self.train_step.lr
         with hints.activate(self._hints):
-            loss = self.train_step(batch_to_torch(batch, self.device))
+            loss = self.train_step(batch_to_torch(batch, self.device, self.program.precision))
         value = float(loss)  # synchronises the device
         return {"loss": value, "lr": lr}
 

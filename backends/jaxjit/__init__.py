@@ -25,6 +25,7 @@ class JaxBackend(Backend):
     devices = ("tpu", "cuda", "cpu")
     requires = ("jax", "optax", "torchax", "torch")
     extra = "jax"
+    options = ("sharding_mode",)
 
     def device_reason(self, device: str) -> str | None:
         if device == "cpu":

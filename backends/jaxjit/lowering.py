@@ -31,8 +31,17 @@ class ModuleTracker:
     def __init__(self, model: torch.nn.Module) -> None:
         self.stack: list[str] = []
         for name, module in model.named_modules():
-            module.register_forward_pre_hook(lambda m, a, name=name: self.stack.append(name or "<root>"))
-            module.register_forward_hook(lambda m, a, o: self.stack.pop() if self.stack else None)
+            module.register_forward_pre_hook(self._enter(name or "<root>"))
+            module.register_forward_hook(self._leave)
+
+    def _enter(self, name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            self.stack.append(name)
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
 
     @property
     def current(self) -> str:
@@ -69,6 +78,13 @@ class LoweredLoss:
             raise LoweringError(f"torchax cannot lower torch operator {op} (in module {self.tracker.current!r} of "
                                 f"program {self.program.name!r}); rewrite that part of the model with supported "
                                 "ops or run it on another backend") from None
+        except AssertionError as exc:
+            if "mixed math" not in str(exc):
+                raise
+            raise LoweringError(f"module {self.tracker.current!r} of program {self.program.name!r} mixes a CPU "
+                                "torch.Tensor with traced tensors (a tensor created in forward without a device?); "
+                                "create it on the input's device, e.g. torch.tensor(..., device=x.device), or "
+                                "register it as a buffer") from None
         finally:
             self.tracker.stack.clear()
         out = self.env.t2j_iso(loss)

@@ -1,0 +1,94 @@
+"""The tolerance policy (docs/parity.md) and the comparisons that apply it. One place for every backend and test.
+
+Losses are compared step by step as ``|loss - ref| / |ref|``. Parameters are compared per tensor as
+``max|p - ref| / max|ref|`` (the deviation relative to the tensor's own scale, so near-zero elements of a
+low-precision tensor do not dominate). Both bounds hold for runs of up to ``horizon`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .precision import Precision, parse_precision
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss_rtol: float
+    param_rtol: float
+    horizon: int
+    why: str
+
+
+# Bases: torch.testing.assert_close's default rtol per dtype (float32 1.3e-6, bfloat16 1.6e-2, float16 1e-3) and
+# jax's test tolerances (float32 1e-6, bfloat16 1e-2, float16 1e-3), widened for 20 training steps by the
+# measurements in docs/parity.md (eager vs jax on both shipped programs, 1 and 8 devices, gspmd and shard_map).
+POLICY: dict[str, Tolerance] = {
+    "fp32": Tolerance(1e-5, 1e-4, 20, "goal of the parity issue; measured <= 2.3e-7 (loss), 2.3e-6 (params)"),
+    "bf16-mixed": Tolerance(1.6e-2, 5e-2, 20, "torch.testing bf16 rtol for the loss; params widened: measured 1.9e-2 "
+                                                "after 20 steps (bf16 matmul rounding differs per backend)"),
+    "bf16-true": Tolerance(1.6e-2, 1e-1, 20, "torch.testing bf16 rtol for the loss; params widened: measured 3.1e-2 "
+                                               "(bf16 parameters and optimizer state round every update)"),
+    "fp16-mixed": Tolerance(1e-3, 2e-2, 20, "torch.testing fp16 rtol for the loss; params widened: measured 6.2e-3"),
+}
+
+
+def tolerance(precision: "Precision | str") -> Tolerance:
+    """The policy for a precision; a custom policy takes that of its lowest-precision dtype."""
+    policy = parse_precision(precision)
+    name = policy.name
+    if name in POLICY:
+        return POLICY[name]
+    if "float16" in (policy.params, policy.compute, policy.output):
+        return POLICY["fp16-mixed"]
+    if policy.params == "bfloat16":
+        return POLICY["bf16-true"]
+    if "bfloat16" in (policy.compute, policy.output):
+        return POLICY["bf16-mixed"]
+    return POLICY["fp32"]
+
+
+@dataclass(frozen=True)
+class Deviation:
+    value: float
+    where: str      # the step (losses) or the parameter name (parameters)
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.isfinite(self.value)) and self.value <= self.limit
+
+
+def loss_deviation(reference: Sequence[float], losses: Sequence[float], tol: Tolerance) -> Deviation:
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(losses, dtype=np.float64)
+    if ref.shape != got.shape:
+        return Deviation(float("inf"), f"{len(got)} steps vs {len(ref)} in the reference", tol.loss_rtol)
+    rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-12)
+    rel = np.where(np.isfinite(got), rel, np.inf)
+    step = int(np.argmax(rel))
+    return Deviation(float(rel[step]), f"step {step}", tol.loss_rtol)
+
+
+def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarray], tol: Tolerance) -> Deviation:
+    missing = sorted(set(reference) ^ set(params))
+    if missing:
+        return Deviation(float("inf"), f"names differ: {missing[:3]}", tol.param_rtol)
+    worst, where = 0.0, ""
+    for name, ref in reference.items():
+        if not np.issubdtype(ref.dtype, np.floating):
+            continue
+        got = params[name]
+        if got.shape != ref.shape:
+            return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        scale = max(float(np.max(np.abs(ref))), 1e-12) if ref.size else 1.0
+        value = float(np.max(diff)) / scale if ref.size else 0.0
+        if not np.isfinite(value):
+            value = float("inf")
+        if value > worst or not where:
+            worst, where = value, name
+    return Deviation(worst, where, tol.param_rtol)
