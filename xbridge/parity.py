@@ -1,8 +1,8 @@
 """The tolerance policy (docs/parity.md) and the comparisons that apply it. One place for every backend and test.
 
 Losses are compared step by step as ``|loss - ref| / |ref|``. Parameters are compared per tensor as
-``max|p - ref| / max|ref|`` (the deviation relative to the tensor's own scale, so near-zero elements of a
-low-precision tensor do not dominate). Both bounds hold for runs of up to ``horizon`` steps.
+``||p - ref||_2 / ||ref||_2`` (relative L2 error: a few near-zero elements whose low-precision Adam steps flip sign
+do not dominate it, a drifting tensor does). Both bounds hold for runs of up to ``horizon`` steps.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ class Tolerance:
 # jax's test tolerances (float32 1e-6, bfloat16 1e-2, float16 1e-3), widened for 20 training steps by the
 # measurements in docs/parity.md (eager vs jax on both shipped programs, 1 and 8 devices, gspmd and shard_map).
 POLICY: dict[str, Tolerance] = {
-    "fp32": Tolerance(1e-5, 1e-4, 20, "goal of the parity issue; measured <= 2.3e-7 (loss), 2.3e-6 (params)"),
-    "bf16-mixed": Tolerance(1.6e-2, 5e-2, 20, "torch.testing bf16 rtol for the loss; params widened: measured 1.9e-2 "
-                                                "after 20 steps (bf16 matmul rounding differs per backend)"),
-    "bf16-true": Tolerance(1.6e-2, 1e-1, 20, "torch.testing bf16 rtol for the loss; params widened: measured 3.1e-2 "
-                                               "(bf16 parameters and optimizer state round every update)"),
-    "fp16-mixed": Tolerance(1e-3, 2e-2, 20, "torch.testing fp16 rtol for the loss; params widened: measured 6.2e-3"),
+    "fp32": Tolerance(1e-5, 1e-4, 20, "goal of the parity issue; measured <= 2.3e-7 (loss) and 2.0e-6 (params)"),
+    "bf16-mixed": Tolerance(1.6e-2, 1.6e-2, 20, "torch.testing's bf16 rtol; measured <= 3.4e-4 (loss), 9.3e-3 (params)"),
+    "bf16-true": Tolerance(1.6e-2, 1e-1, 20, "torch.testing's bf16 rtol for the loss (measured 2.0e-3); params "
+                                               "widened: measured 4.5e-2, bf16 parameters and Adam state round at "
+                                               "every update and near-zero gradients flip Adam's step sign"),
+    "fp16-mixed": Tolerance(1e-3, 1e-2, 20, "torch.testing's fp16 rtol for the loss (measured 7.4e-5); params "
+                                              "widened from 1e-3: measured 2.4e-3"),
 }
 
 
@@ -84,9 +85,8 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
         got = params[name]
         if got.shape != ref.shape:
             return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
-        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-        scale = max(float(np.max(np.abs(ref))), 1e-12) if ref.size else 1.0
-        value = float(np.max(diff)) / scale if ref.size else 0.0
+        diff = float(np.linalg.norm(got.astype(np.float64) - ref.astype(np.float64)))
+        value = diff / max(float(np.linalg.norm(ref.astype(np.float64))), 1e-12) if ref.size else 0.0
         if not np.isfinite(value):
             value = float("inf")
         if value > worst or not where:

@@ -13,6 +13,8 @@ Precision semantics (the same on every backend):
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -139,7 +141,10 @@ class TrainStep:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.schedule.step()
+        with warnings.catch_warnings():
+            # GradScaler skips optimizer.step() on overflow; the schedule still advances (torch's AMP recipe).
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+            self.schedule.step()
         return total
 
     @property

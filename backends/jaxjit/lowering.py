@@ -16,13 +16,31 @@ import jax.numpy as jnp
 import torch
 import torchax
 from torchax import interop
-from torchax.amp import autocast
+from torchax import amp
+from torchax.amp import CastPolicy, autocast
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
 from xbridge.errors import LoweringError
 from xbridge.program import Program
 from xbridge.torch_train import DTYPES
+
+
+# torchax 0.0.13's autocast policy is keyed on aten ops, but torchax lowers some torch functions before they reach
+# aten (F.linear, F.scaled_dot_product_attention, torch.einsum, ...): without these entries they would stay in the
+# parameter dtype under autocast, unlike torch.autocast, which sees their aten decomposition. Measured: without
+# them a bf16-mixed GPT step ran every matmul in float32 on jax.
+FUNCTION_AUTOCAST_POLICY = {
+    torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,
+    torch.nn.functional.scaled_dot_product_attention: CastPolicy.LOWER_PRECISION_FP,
+    torch.einsum: CastPolicy.LOWER_PRECISION_FP,
+    torch.cdist: CastPolicy.FP32,
+    torch.linalg.solve: CastPolicy.FP32,
+    torch.linalg.svd: CastPolicy.FP32,
+    torch.svd: CastPolicy.FP32,
+}
+for _func, _policy in FUNCTION_AUTOCAST_POLICY.items():
+    amp.autocast_policy.setdefault(_func, _policy)
 
 
 class ModuleTracker:
