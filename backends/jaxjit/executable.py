@@ -167,6 +167,12 @@ class JaxExecutable:
     def _build(self) -> Callable:
         scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
         metric_specs = {"loss": P(), "lr": P()}
+        metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
+
+        def jit(fn: Callable) -> Callable:
+            # explicit layouts in and out keep the state where the plan put it, step after step
+            return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
+                           out_shardings=(self.state_shardings, metrics), donate_argnums=(0,))
 
         if self.mode == "gspmd":
             def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
@@ -175,9 +181,7 @@ class JaxExecutable:
                                                 lambda p: p)
                 return self._apply(state, grads, loss, lambda name, x: x)
 
-            metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
-            return jax.jit(step, in_shardings=(self.state_shardings, self.batch_sharding),
-                           out_shardings=(self.state_shardings, metrics), donate_argnums=(0,))
+            return jit(step)
 
         axes = tuple(self.mesh.axis_names)
         n_devices = math.prod(self.plan.axis_sizes.values())
@@ -210,7 +214,7 @@ class JaxExecutable:
         batch_specs = self.batch_spec
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.state_specs, batch_specs),
                                out_specs=(self.state_specs, metric_specs), check_vma=False)
-        return jax.jit(mapped, donate_argnums=(0,))
+        return jit(mapped)
 
     # ------------------------------------------------------------------ the contract
 
