@@ -50,6 +50,9 @@ class Executable(Protocol):
     def dump(self, directory: Path) -> list[Path]:
         """Write what was compiled (graphs, HLO, or the module tree) under ``directory``; return the files."""
 
+    def layout(self) -> dict[str, dict[str, Any]]:
+        """Per trained parameter, as the runtime reports it: ``{"spec": str, "shard_shapes": [[...], ...]}``."""
+
 
 class Backend:
     """Base class of backend plugins. Subclasses set ``name``, ``devices`` (best first), ``requires`` (import
@@ -103,9 +106,9 @@ class Backend:
         """How many devices of this kind a run may use here; None for virtual devices (any count)."""
         return 1
 
-    def configure(self, device: str, devices: int) -> None:
+    def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Called before the framework is imported in this process: set per-process environment (virtual CPU
-        device counts, platform selection). Default: nothing."""
+        device counts, platform selection, compiler dump flags). Default: nothing."""
 
     def lower(self, program: "Program", plan: "ShardingPlan", target: Target, options: dict[str, Any]) -> Executable:
         raise NotImplementedError(f"backend {self.name!r} does not implement lower()")

@@ -50,6 +50,7 @@ def run(
     mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
     out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
     dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
+    save_state: Optional[Path] = typer.Option(None, help="Write the final parameters and buffers (eager names) to this .npz file."),
     sharding_mode: Optional[str] = typer.Option(None, help="jax only: gspmd (default; jit with NamedSharding) or shard_map (explicit collectives)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
 ) -> None:
@@ -57,7 +58,8 @@ def run(
     from .runloop import RunOptions, run as run_program
 
     backend_options = {"sharding_mode": sharding_mode} if sharding_mode is not None else {}
-    options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, backend_options=backend_options)
+    options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
+                         backend_options=backend_options)
     prog = _load(program, precision, seed, mesh)
     if out is not None:
         report.check_writable(out, "--out")

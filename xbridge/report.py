@@ -29,13 +29,13 @@ def check_writable(directory: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {str(directory)!r} is not writable")
 
 
-def write_json(path: Path, data: Any) -> Path:
-    """Write ``data`` as JSON through a temporary file in the same directory, fsync, then rename."""
+def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> Path:
+    """Write through a temporary file in the same directory, fsync, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
+        with os.fdopen(fd, mode) as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -44,6 +44,17 @@ def write_json(path: Path, data: Any) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_atomic(path, lambda handle: json.dump(data, handle, indent=2))
+
+
+def write_npz(path: Path, arrays: dict[str, Any]) -> Path:
+    """numpy arrays by name (np.load(..., allow_pickle=False) reads them back)."""
+    import numpy as np
+
+    return write_atomic(path, lambda handle: np.savez(handle, **arrays), mode="wb")
 
 
 @contextlib.contextmanager

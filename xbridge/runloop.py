@@ -22,6 +22,7 @@ from .backend import Backend, Executable, Target
 from .errors import BackendUnavailable, ConfigError, RunError
 from .planning import ShardingPlan, plan as make_plan
 from .program import Program
+from .report import write_npz
 
 Progress = Callable[[int, dict[str, float]], None]
 
@@ -32,6 +33,7 @@ class RunOptions:
     warmup: int | None = None     # default: 2, or steps - 1 when fewer steps are run
     devices: int = 1
     dump: Path | None = None
+    state_out: Path | None = None   # write the final state_dict here (.npz, no pickle)
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,7 +93,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
-    backend.configure(target.device, options.devices)
+    backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(program, plan, target, dict(options.backend_options))
     if weights is None:
         from .torch_train import initial_weights  # the reference builds the weights once
@@ -132,6 +134,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     summary = summarize(program, records, options.warmup)
     summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
+    if options.state_out is not None:
+        write_npz(options.state_out, executable.state_dict())
     return {
         "xbridge": __version__,
         "program": program.name,
@@ -147,4 +151,5 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         "steps": records,
         "summary": summary,
         "dumped": dumped,
+        "layout": executable.layout(),
     }

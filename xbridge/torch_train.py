@@ -13,8 +13,6 @@ Precision semantics (the same on every backend):
 from __future__ import annotations
 
 import contextlib
-import re
-import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -68,22 +66,39 @@ def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:
     model.register_forward_hook(hook)
 
 
-def make_optimizer(program: Program, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """torch.optim from the spec (every hyperparameter passed) and a LambdaLR of the spec's schedule."""
+def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = False) -> torch.optim.Optimizer:
+    """torch.optim from the spec, every hyperparameter passed.
+
+    ``on_device``: the learning rate and Adam's step count live in device tensors (``capturable``), so a traced
+    backend (torch_xla) sees the same graph every step instead of new Python constants. The lr tensor is marked
+    requires_grad only so that torch.optim.SGD takes its tensor path (``addcmul_``) instead of turning it into a
+    Python number (a host sync); nothing differentiates through it."""
     spec = program.optimizer
     params = [p for p in model.parameters() if p.requires_grad]
+    lr: Any = spec.lr
+    if on_device:
+        lr = torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device, requires_grad=True)
     if isinstance(spec, AdamW):
-        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
+        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr, betas=spec.betas, eps=spec.eps,
                                                        weight_decay=spec.weight_decay, amsgrad=False,
-                                                       foreach=False, maximize=False)
+                                                       foreach=False, maximize=False, capturable=on_device)
     elif isinstance(spec, SGD):
-        opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, dampening=spec.dampening,
+        opt = torch.optim.SGD(params, lr=lr, momentum=spec.momentum, dampening=spec.dampening,
                               weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False,
                               maximize=False)
     else:  # Program validation makes this unreachable
         raise TypeError(f"unsupported optimizer spec {spec!r}")
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, spec.schedule.factor)
-    return opt, schedule
+    return opt
+
+
+def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """What LambdaLR does, without its scheduler: a float, or a fill_ of the device tensor (no new constant)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            with torch.no_grad():
+                group["lr"].fill_(value)
+        else:
+            group["lr"] = value
 
 
 @contextlib.contextmanager
@@ -110,20 +125,22 @@ def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, to
 
 
 class TrainStep:
-    """One optimizer step: micro-batch loop with gradient accumulation, loss scaling, global-norm clipping,
-    the optimizer update and the schedule. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
+    """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
+    scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
 
-    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False) -> None:
         self.program = program
         self.model = model
         self.device_type = device.type
-        self.optimizer, self.schedule = make_optimizer(program, model)
+        self.updates = 0
+        self.optimizer = make_optimizer(program, model, on_device)
         scaled = program.precision.loss_scale == "dynamic"
         self.scaler = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         program, model = self.program, self.model
         accum = program.step.grad_accum
+        set_lr(self.optimizer, self.lr)
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
         for micro in split_micro(batch, accum):
@@ -137,16 +154,15 @@ class TrainStep:
         if program.step.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), program.step.clip_grad_norm, foreach=False)
         if self.scaler:
-            self.scaler.step(self.optimizer)
+            self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
             self.scaler.update()
         else:
             self.optimizer.step()
-        with warnings.catch_warnings():
-            # GradScaler skips optimizer.step() on overflow; the schedule still advances (torch's AMP recipe).
-            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
-            self.schedule.step()
+        self.updates += 1
         return total
 
     @property
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        """The learning rate the next step uses (computed on the host: reading a device lr would synchronise)."""
+        spec = self.program.optimizer
+        return spec.lr * spec.schedule.factor(self.updates)

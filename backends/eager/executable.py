@@ -53,6 +53,10 @@ class EagerExecutable:
     def mark_warm(self) -> None:
         pass
 
+    def layout(self) -> dict[str, dict[str, Any]]:
+        assert self.model is not None
+        return {n: {"spec": "unsharded", "shard_shapes": [list(p.shape)]} for n, p in self.model.named_parameters()}
+
     def dump(self, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "eager_module.txt"

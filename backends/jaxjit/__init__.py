@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 from xbridge.backend import Backend, Executable, Target
@@ -51,7 +52,7 @@ class JaxBackend(Backend):
 
         return len(jax.devices(device))
 
-    def configure(self, device: str, devices: int) -> None:
+    def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Ask for ``devices`` virtual CPU devices before JAX initialises its backends (per process)."""
         if device != "cpu":
             return

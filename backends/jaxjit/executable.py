@@ -244,6 +244,10 @@ class JaxExecutable:
         """The live sharding of every trained parameter (for tests and inspection)."""
         return {n: a.sharding for n, a in self.state["params"].items()}
 
+    def layout(self) -> dict[str, dict[str, Any]]:
+        return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
+                for n, a in self.state["params"].items()}
+
     def recompiles(self) -> int:
         return self.traces - self.warm_traces
 
