@@ -6,9 +6,9 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
-# The main job: the shipped GPT program on the reference backend.
+# The main job: the shipped GPT program on every target this machine has, side by side.
 run: setup
-	.venv/bin/xbridge run programs/gpt.py --backend eager-cpu --steps 40 --out out/gpt-eager-cpu
+	.venv/bin/xbridge compare programs/gpt.py --steps 20 --out out/compare-gpt
 
 # The whole test suite.
 test: setup

@@ -74,6 +74,37 @@ def run(
         report.print_run(result)
 
 
+@app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out out/compare")
+def compare(
+    program: str = typer.Argument(..., help="Program file."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets (default: every target available here; eager-cpu is always run as the reference)."),
+    steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
+    warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
+    devices: int = typer.Option(1, help="Devices for sharded targets (eager always uses 1)."),
+    precision: Optional[str] = typer.Option(None, help="Override the program's precision."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout."),
+    out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and each run's run.json."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Run the program on several targets, each in its own process, and compare them side by side."""
+    from .compare import CompareOptions, compare as run_compare
+
+    prog = _load(program, precision, mesh=mesh)
+    report.check_writable(out, "--out")
+    targets = [t.strip() for t in backends.split(",") if t.strip()] if backends else None
+    options = CompareOptions(targets=targets, steps=steps, warmup=warmup, devices=devices, precision=precision,
+                             mesh=mesh, timeout_s=timeout)
+    with report.target_progress(enabled=format is Format.human, label=f"compare {prog.name}") as tick:
+        record = run_compare(program, prog, options, out, progress=tick)
+    if format is Format.json:
+        print(json.dumps(record, indent=2))
+    else:
+        report.print_compare(record)
+    if any(row["status"] != "ok" for row in record["targets"]):
+        raise typer.Exit(1)
+
+
 @app.command(epilog="Example: xbridge backends --format json")
 def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
     """List every known target: available here, or the reason it is not; versions and device counts."""

@@ -74,6 +74,22 @@ def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Callable[[in
         yield tick
 
 
+@contextlib.contextmanager
+def target_progress(enabled: bool, label: str) -> Iterator[Callable[[str, dict], None] | None]:
+    """A spinner on stderr (when it is a terminal) naming the target that just finished."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    with Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None, last="")
+
+        def tick(target: str, row: dict) -> None:
+            bar.update(task, last=f"{target}: {row['status']}")
+
+        yield tick
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
@@ -135,3 +151,32 @@ def print_inspect(info: dict[str, Any]) -> None:
         table.add_row(escape(p["name"]), str(tuple(p["shape"])), p["dtype"], escape(spec), escape(p["rule"] or "-"),
                       str(tuple(p["shard_shape"])), _bytes(p["shard_bytes"]))
     console.print(table)
+
+
+def print_compare(record: dict[str, Any]) -> None:
+    table = Table(title=f"{escape(record['program'])}: {record['precision']}, {record['options']['steps']} steps "
+                        f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
+                        f"config {record['config_hash']}")
+    columns = ("target", "status", "compile s", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
+               "peak RSS", "recompiles", "final loss", "max loss dev")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("target", "status") else "right")
+    for row in record["targets"]:
+        if row["status"] != "ok":
+            first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""
+            table.add_row(row["target"], f"[red]{row['status']}[/]", escape(first), *[""] * (len(columns) - 3))
+            continue
+        m = row["metrics"]
+        dev = m.get("max_loss_dev")
+        dev_text = "-" if dev is None else (f"{dev:.1e}" + ("" if m.get("loss_parity") else " [red]FAIL[/]"))
+        table.add_row(row["target"], "[green]ok[/]", f"{m['compile_s']:.2f}",
+                      f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
+                      f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
+                      f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
+                      f"{m['final_loss']:.4f}", dev_text)
+    console.print(table)
+    peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}
+    for source in sorted(peaks):
+        console.print(f"peak: {escape(source)}")
+    for path in record.get("written", []):
+        console.print(f"wrote {escape(path)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,5 +152,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         "steps": records,
         "summary": summary,
         "dumped": dumped,
+        "device_kind": getattr(executable, "device_kind", target.device),
+        "device_peak_bytes": executable.device_peak_bytes() if hasattr(executable, "device_peak_bytes") else None,
+        "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
         "layout": executable.layout(),
     }
