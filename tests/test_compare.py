@@ -1,0 +1,73 @@
+"""`xbridge compare`: process isolation, failures in rows, the JSON/CSV schema and the plots. No timing asserted."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import PROGRAMS, ROOT, one_error_line, run_cli
+
+pytestmark = [pytest.mark.cli, pytest.mark.slow]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_every_available_target(tmp_path):
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--steps", "6", "--warmup", "2", "--devices", "2",
+                   "--out", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    targets = [row["target"] for row in record["targets"]]
+    assert targets[0] == "eager-cpu" and {"jax-cpu", "xla-cpu"} <= set(targets)
+    assert record["flops_per_step"] == 6 * (64 * 256 + 256 * 256 + 256 * 10) * 64 - 2 * 64 * 256 * 64
+    assert record["config_hash"] and record["machine"]["cpu_count"] >= 1
+    for row in record["targets"]:
+        assert row["status"] == "ok", row.get("error")
+        m = row["metrics"]
+        assert m["loss_parity"] is True and m["recompiles"] == 0
+        assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
+        assert 0 < m["mfu"] < 1 and m["achieved_tflops"] > 0
+        assert m["samples_per_s"] == pytest.approx(64 / (m["step_ms_median"] / 1e3))
+        assert m["peak_host_rss_mib"] > 50
+        assert len(row["losses"]) == 6
+        assert row["devices"] == (1 if row["target"] == "eager-cpu" else 2)
+        assert (tmp_path / "runs" / row["target"] / "run.json").exists()
+    assert record["targets"][0]["metrics"]["max_loss_dev"] == 0.0
+    assert "measured" in record["targets"][0]["metrics"]["peak_source"]
+    with open(tmp_path / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["target"] for r in rows] == targets
+    assert float(rows[1]["step_ms_median"]) > 0 and rows[1]["loss_parity"] == "True"
+    for name in ("loss.png", "step_time.png", "mfu.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000, name
+    assert json.loads((tmp_path / "results.json").read_text())["targets"][1]["target"] == targets[1]
+
+
+def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path):
+    proc = run_cli("compare", str(ROOT / "tests" / "fixtures" / "faulty.py"), "--backends", "jax-cpu,xla-cpu",
+                   "--steps", "4", "--warmup", "1", "--timeout", "40", "--out", str(tmp_path), "--format", "json")
+    assert proc.returncode == 1                       # some target failed
+    rows = {row["target"]: row for row in json.loads(proc.stdout)["targets"]}
+    assert rows["eager-cpu"]["status"] == "ok"        # the reference is always run, and it is unharmed
+    assert rows["jax-cpu"]["status"] == "failed" and rows["jax-cpu"]["error"].startswith("killed by signal 9")
+    assert rows["xla-cpu"]["status"] == "timeout" and rows["xla-cpu"]["error"].startswith("no result after 40 s")
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert [r["status"] for r in written["targets"]] == ["ok", "failed", "timeout"]
+    assert (tmp_path / "loss.png").read_bytes().startswith(PNG)
+    human = run_cli("compare", str(ROOT / "tests" / "fixtures" / "faulty.py"), "--backends", "jax-cpu",
+                    "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "h"))
+    assert human.returncode == 1 and "killed by signal 9" in human.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--backends", "jax-cpu,foo-cpu"], "unknown target 'foo-cpu'"),
+    (["--steps", "3", "--warmup", "3"], "compare needs --steps >= 2 and 0 < --warmup < --steps"),
+    (["--backends", "xla-cuda"], "target xla-cuda is unavailable: torch_xla 2.9 has no CUDA support"),
+    (["--timeout", "0"], "--timeout must be > 0 seconds"),
+])
+def test_bad_compare_input(tmp_path, args, fragment):
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), *args, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert fragment in one_error_line(proc)
