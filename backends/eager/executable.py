@@ -47,6 +47,13 @@ class EagerExecutable:
         assert self.model is not None, "init() must be called before state_dict()"
         return to_numpy_state(self.model)
 
+    @property
+    def device_kind(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+    def device_peak_bytes(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
+
     def recompiles(self) -> int:
         return 0  # eager compiles nothing
 

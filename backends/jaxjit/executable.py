@@ -248,6 +248,15 @@ class JaxExecutable:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
                 for n, a in self.state["params"].items()}
 
+    @property
+    def device_kind(self) -> str:
+        return str(self.mesh.devices.flat[0].device_kind)
+
+    def device_peak_bytes(self) -> int | None:
+        """Peak bytes in use on the first device (None where the runtime keeps no statistics, as on CPU)."""
+        stats = self.mesh.devices.flat[0].memory_stats()
+        return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
     def recompiles(self) -> int:
         return self.traces - self.warm_traces
 
