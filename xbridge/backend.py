@@ -50,6 +50,9 @@ class Executable(Protocol):
     def dump(self, directory: Path) -> list[Path]:
         """Write what was compiled (graphs, HLO, or the module tree) under ``directory``; return the files."""
 
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each module's first floating output of one forward pass of the loss (no update), in execution order."""
+
     def layout(self) -> dict[str, dict[str, Any]]:
         """Per trained parameter, as the runtime reports it: ``{"spec": str, "shard_shapes": [[...], ...]}``."""
 

@@ -51,6 +51,8 @@ def run(
     out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
     dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     save_state: Optional[Path] = typer.Option(None, help="Write the final parameters and buffers (eager names) to this .npz file."),
+    init_state: Optional[Path] = typer.Option(None, help="Start from these weights (.npz under the eager names) instead of building them from the seed."),
+    trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
     sharding_mode: Optional[str] = typer.Option(None, help="jax only: gspmd (default; jit with NamedSharding) or shard_map (explicit collectives)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
 ) -> None:
@@ -59,12 +61,13 @@ def run(
 
     backend_options = {"sharding_mode": sharding_mode} if sharding_mode is not None else {}
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
-                         backend_options=backend_options)
+                         trace_out=trace_modules, backend_options=backend_options)
     prog = _load(program, precision, seed, mesh)
+    weights = report.read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         report.check_writable(out, "--out")
     with report.progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
-        result = run_program(prog, backend, options, progress=tick)
+        result = run_program(prog, backend, options, progress=tick, weights=weights)
     if out is not None:
         path = report.write_json(out / "run.json", result)
         result["written"] = str(path)
@@ -102,6 +105,38 @@ def compare(
     else:
         report.print_compare(record)
     if any(row["status"] != "ok" for row in record["targets"]):
+        raise typer.Exit(1)
+
+
+@app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh data=-1,model=2 --bisect")
+def parity(
+    program: str = typer.Argument(..., help="Program file."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets to check (default: every target available here)."),
+    steps: int = typer.Option(20, help="Steps to compare."),
+    devices: int = typer.Option(1, help="Devices for sharded targets."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision (the reference runs it too; the fp32 deviation is reported as well)."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output deviates (hooks on every module, first batch)."),
+    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped."),
+    out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each target's state."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
+    from .parity_run import ParityOptions, check, write
+
+    prog = _load(program, precision, mesh=mesh)
+    report.check_writable(out, "--out")
+    targets = [t.strip() for t in backends.split(",") if t.strip()] if backends else None
+    options = ParityOptions(targets=targets, steps=steps, devices=devices, precision=precision, mesh=mesh,
+                            bisect=bisect, timeout_s=timeout)
+    with report.target_progress(enabled=format is Format.human, label=f"parity {prog.name}") as tick:
+        record = check(program, prog, options, out, progress=tick)
+    write(out, record)
+    if format is Format.json:
+        print(json.dumps(record, indent=2))
+    else:
+        report.print_parity(record)
+    if not record["passed"]:
         raise typer.Exit(1)
 
 

@@ -1,8 +1,9 @@
 """The tolerance policy (docs/parity.md) and the comparisons that apply it. One place for every backend and test.
 
 Losses are compared step by step as ``|loss - ref| / |ref|``. Parameters are compared per tensor as
-``||p - ref||_2 / ||ref||_2`` (relative L2 error: a few near-zero elements whose low-precision Adam steps flip sign
-do not dominate it, a drifting tensor does). Both bounds hold for runs of up to ``horizon`` steps.
+``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)`` (relative L2 error: a few near-zero elements whose Adam steps
+flip sign do not dominate it, a drifting tensor does). The floor keeps tensors that start at zero (biases) from
+being judged against their own tiny magnitude. Both bounds hold for runs of up to ``horizon`` steps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from typing import Sequence
 import numpy as np
 
 from .precision import Precision, parse_precision
+
+
+# The usual init std (GPT-2's initializer_range, this project's programs). Measured reason: an unmodified Hugging
+# Face GPT-2's c_attn.bias holds the key bias, whose true gradient is zero (softmax ignores a constant shift); Adam
+# normalises the rounding noise of that zero into full-size steps, so after 20 fp32 steps it differs by about 1e-4
+# of its own RMS (0.003) between backends, 5.1e-5 against the floor, while every other tensor agrees to 1e-6.
+PARAM_SCALE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,8 @@ class Tolerance:
 # measurements in docs/parity.md (eager vs jax on both shipped programs, 1 and 8 devices, gspmd and shard_map).
 POLICY: dict[str, Tolerance] = {
     "fp32": Tolerance(1e-5, 1e-4, 20, "goal of the parity issue; measured <= 2.3e-7 (loss) and 2.0e-6 (params)"),
-    "bf16-mixed": Tolerance(1.6e-2, 1.6e-2, 20, "torch.testing's bf16 rtol; measured <= 3.4e-4 (loss), 9.3e-3 (params)"),
+    "bf16-mixed": Tolerance(1.6e-2, 3e-2, 20, "torch.testing's bf16 rtol for the loss (measured <= 3.4e-4); params "
+                                                "widened from 1.6e-2: measured up to 1.2e-2 (mlp, 4 devices)"),
     "bf16-true": Tolerance(1.6e-2, 1e-1, 20, "torch.testing's bf16 rtol for the loss (measured 2.0e-3); params "
                                                "widened: measured 4.5e-2, bf16 parameters and Adam state round at "
                                                "every update and near-zero gradients flip Adam's step sign"),
@@ -85,8 +94,9 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
         got = params[name]
         if got.shape != ref.shape:
             return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
-        diff = float(np.linalg.norm(got.astype(np.float64) - ref.astype(np.float64)))
-        value = diff / max(float(np.linalg.norm(ref.astype(np.float64))), 1e-12) if ref.size else 0.0
+        ref64 = ref.astype(np.float64)
+        rms_diff = float(np.sqrt(np.mean((got.astype(np.float64) - ref64) ** 2))) if ref.size else 0.0
+        value = rms_diff / max(float(np.sqrt(np.mean(ref64 ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
         if not np.isfinite(value):
             value = float("inf")
         if value > worst or not where:

@@ -50,6 +50,21 @@ def write_json(path: Path, data: Any) -> Path:
     return write_atomic(path, lambda handle: json.dump(data, handle, indent=2))
 
 
+def read_npz(path: Path, flag: str) -> dict[str, Any]:
+    """Arrays written by :func:`write_npz`; never unpickles. Errors name the flag and the file."""
+    import zipfile
+
+    import numpy as np
+
+    if not path.is_file():
+        raise ConfigError(f"{flag} {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{flag} {str(path)!r} is not a readable .npz of arrays: {exc}") from None
+
+
 def write_npz(path: Path, arrays: dict[str, Any]) -> Path:
     """numpy arrays by name (np.load(..., allow_pickle=False) reads them back)."""
     import numpy as np
@@ -180,3 +195,34 @@ def print_compare(record: dict[str, Any]) -> None:
         console.print(f"peak: {escape(source)}")
     for path in record.get("written", []):
         console.print(f"wrote {escape(path)}")
+
+
+def print_parity(record: dict[str, Any]) -> None:
+    tol = record["tolerance"]
+    table = Table(title=f"parity of {escape(record['program'])} ({record['precision']}, {record['steps']} steps, "
+                        f"{record['devices']} device(s)) against eager-cpu; limits: loss {tol['loss_rtol']:g}, "
+                        f"params {tol['param_rtol']:g}")
+    columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
+    bisect = any("first_divergent_module" in r for r in record["targets"])
+    fp32 = any("fp32_max_loss_dev" in r for r in record["targets"])
+    if fp32:
+        columns.append("vs fp32 loss dev")
+    if bisect:
+        columns.append("first divergent module")
+    for col in columns:
+        table.add_column(col)
+    for r in record["targets"]:
+        if r["verdict"] == "error":
+            table.add_row(r["target"], "[red]error[/]", escape(r["error"].splitlines()[0]), *[""] * (len(columns) - 3))
+            continue
+        cells = [r["target"], "[green]pass[/]" if r["verdict"] == "pass" else "[red]FAIL[/]",
+                 f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})",
+                 "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
+                 f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"]
+        if fp32:
+            cells.append(f"{r.get('fp32_max_loss_dev', float('nan')):.2e}")
+        if bisect:
+            found = r.get("first_divergent_module")
+            cells.append("none" if found is None else f"{escape(found['module'])} ({found['deviation']:.2e})")
+        table.add_row(*cells)
+    console.print(table)

@@ -35,6 +35,7 @@ class RunOptions:
     devices: int = 1
     dump: Path | None = None
     state_out: Path | None = None   # write the final state_dict here (.npz, no pickle)
+    trace_out: Path | None = None   # write each module's output of a forward pass on batch 0, before training
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -79,6 +80,22 @@ class Prepared:
     executable: Executable
 
 
+def check_weights(program: Program, weights: dict[str, np.ndarray]) -> None:
+    """Weights handed in from outside must be this program's state: same names, same shapes."""
+    from .planning import meta_model
+
+    expected = {name: tuple(t.shape) for name, t in meta_model(program).state_dict().items()}
+    missing = [n for n in expected if n not in weights]
+    unexpected = [n for n in weights if n not in expected]
+    if missing or unexpected:
+        raise ConfigError(f"the weights do not belong to program {program.name!r}: {len(missing)} missing "
+                          f"(first: {missing[:1]}), {len(unexpected)} unexpected (first: {unexpected[:1]})")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise ConfigError(f"weight {name!r} has shape {tuple(weights[name].shape)}, program {program.name!r} "
+                              f"expects {shape}")
+
+
 def prepare(program: Program, target_text: str, options: RunOptions,
             weights: dict[str, np.ndarray] | None = None) -> Prepared:
     """Resolve the target, plan, lower and load the initial weights: everything before the first step."""
@@ -100,6 +117,8 @@ def prepare(program: Program, target_text: str, options: RunOptions,
         from .torch_train import initial_weights  # the reference builds the weights once
 
         weights = initial_weights(program)
+    else:
+        check_weights(program, weights)
     executable.init(weights)
     return Prepared(target, backend, plan, executable)
 
@@ -131,6 +150,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
     prepared = prepare(program, target_text, options, weights)
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
+    if options.trace_out is not None:
+        write_npz(options.trace_out, executable.trace_modules(program.data.batch(0, program.seed)))
     records = train(program, prepared, options.steps, options.warmup, progress)
     summary = summarize(program, records, options.warmup)
     summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None

@@ -53,10 +53,32 @@ def build_model(program: Program, weights: dict[str, np.ndarray], device: torch.
         model = program.model()
     state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
     model.load_state_dict(state, strict=True)
+    ties = tied_groups(model)
     model.to(device=device, dtype=DTYPES[program.precision.params])
+    retie(model, ties)
     _cast_outputs(model, DTYPES[program.precision.output])
     model.train()
     return model
+
+
+def tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Names of parameters that are one tensor (e.g. an embedding shared with the output layer)."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Moving to a device whose tensors cannot share a CPU tensor's storage (XLA) replaces each module's
+    Parameter object and silently unties shared weights; point every name of a group at one Parameter again."""
+    for first, *others in groups:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            if module._parameters[attr] is not shared:
+                module._parameters[attr] = shared
 
 
 def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:

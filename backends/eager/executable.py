@@ -60,6 +60,16 @@ class EagerExecutable:
     def mark_warm(self) -> None:
         pass
 
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from xbridge.bisect import recording
+        from xbridge.torch_train import compute_context
+
+        assert self.model is not None
+        with torch.no_grad(), recording(self.model, lambda t: t.float().cpu().numpy()) as outputs, \
+                compute_context(self.program.precision, self.device.type), hints.activate(self._hints):
+            self.program.loss(self.model, batch_to_torch(batch, self.device, self.program.precision))
+        return outputs
+
     def layout(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None
         return {n: {"spec": "unsharded", "shard_shapes": [list(p.shape)]} for n, p in self.model.named_parameters()}

@@ -244,6 +244,17 @@ class JaxExecutable:
         """The live sharding of every trained parameter (for tests and inspection)."""
         return {n: a.sharding for n, a in self.state["params"].items()}
 
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
+        from torchax import interop
+
+        from xbridge.bisect import recording
+
+        to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
+        with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
+            self.lowered(self.state["params"], self.state["buffers"], self._device_batch(batch))
+        return out
+
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
                 for n, a in self.state["params"].items()}

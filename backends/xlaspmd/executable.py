@@ -88,6 +88,17 @@ class XlaExecutable:
         torch_xla.sync()
         return to_numpy_state(self.model)
 
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from xbridge.bisect import recording
+        from xbridge.torch_train import compute_context
+
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        with torch.no_grad(), recording(self.model, lambda t: t.float().cpu().numpy()) as outputs, \
+                compute_context(self.program.precision, "xla"), hints.activate(self._hint):
+            self.program.loss(self.model, tensors)
+        torch_xla.sync()
+        return outputs
+
     def layout(self) -> dict[str, dict[str, Any]]:
         out = {}
         for name, param in self.model.named_parameters():
