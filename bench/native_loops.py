@@ -17,18 +17,23 @@ def _lr(spec: Any, step: int) -> float:
     return spec.lr * spec.schedule.factor(step)
 
 
+def _torch_optimizer(spec: Any, params: Any, lr: Any, capturable: bool) -> Any:
+    import torch
+
+    if type(spec).__name__ == "AdamW":
+        return torch.optim.AdamW(params, lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay,
+                                 foreach=False, capturable=capturable)
+    return torch.optim.SGD(params, lr=lr, momentum=spec.momentum, dampening=spec.dampening,
+                           weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False)
+
+
 def torch_eager(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[str, np.ndarray]], float]:
     import torch
 
     model = program.model()
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     spec = program.optimizer
-    if type(spec).__name__ == "AdamW":
-        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=spec.betas, eps=spec.eps,
-                                weight_decay=spec.weight_decay, foreach=False)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum, dampening=spec.dampening,
-                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False)
+    opt = _torch_optimizer(spec, model.parameters(), spec.lr, capturable=False)
     mixed = program.precision.compute == "bfloat16"
     state = {"step": 0}
 
@@ -60,12 +65,7 @@ def torch_xla_lazy(program: Any, weights: dict[str, np.ndarray]) -> Callable[[di
     model.to(device)
     spec = program.optimizer
     lr = torch.tensor(spec.lr, device=device, requires_grad=True)   # a device lr: no recompiles as it changes
-    if type(spec).__name__ == "AdamW":
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=spec.betas, eps=spec.eps,
-                                weight_decay=spec.weight_decay, foreach=False, capturable=True)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=spec.momentum, dampening=spec.dampening,
-                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False)
+    opt = _torch_optimizer(spec, model.parameters(), lr, capturable=True)
     mixed = program.precision.compute == "bfloat16"
 
     def train(tensors: dict[str, torch.Tensor]) -> torch.Tensor:

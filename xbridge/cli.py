@@ -38,6 +38,17 @@ def _load(program_path: str, precision: str | None = None, seed: int | None = No
     return program.replace(**changes) if changes else program
 
 
+def _target_list(backends: str | None) -> list[str] | None:
+    return [t.strip() for t in backends.split(",") if t.strip()] if backends else None
+
+
+def _emit(record: Any, format: Format, human: Any) -> None:
+    if format is Format.json:
+        print(json.dumps(record, indent=2))
+    else:
+        human(record)
+
+
 @app.command(epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt")
 def run(
     program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
@@ -71,10 +82,7 @@ def run(
     if out is not None:
         path = report.write_json(out / "run.json", result)
         result["written"] = str(path)
-    if format is Format.json:
-        print(json.dumps(result, indent=2))
-    else:
-        report.print_run(result)
+    _emit(result, format, report.print_run)
 
 
 @app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out out/compare")
@@ -95,15 +103,11 @@ def compare(
 
     prog = _load(program, precision, mesh=mesh)
     report.check_writable(out, "--out")
-    targets = [t.strip() for t in backends.split(",") if t.strip()] if backends else None
-    options = CompareOptions(targets=targets, steps=steps, warmup=warmup, devices=devices, precision=precision,
-                             mesh=mesh, timeout_s=timeout)
+    options = CompareOptions(targets=_target_list(backends), steps=steps, warmup=warmup, devices=devices,
+                             precision=precision, mesh=mesh, timeout_s=timeout)
     with report.target_progress(enabled=format is Format.human, label=f"compare {prog.name}") as tick:
         record = run_compare(program, prog, options, out, progress=tick)
-    if format is Format.json:
-        print(json.dumps(record, indent=2))
-    else:
-        report.print_compare(record)
+    _emit(record, format, report.print_compare)
     if any(row["status"] != "ok" for row in record["targets"]):
         raise typer.Exit(1)
 
@@ -126,16 +130,12 @@ def parity(
 
     prog = _load(program, precision, mesh=mesh)
     report.check_writable(out, "--out")
-    targets = [t.strip() for t in backends.split(",") if t.strip()] if backends else None
-    options = ParityOptions(targets=targets, steps=steps, devices=devices, precision=precision, mesh=mesh,
-                            bisect=bisect, timeout_s=timeout)
+    options = ParityOptions(targets=_target_list(backends), steps=steps, devices=devices, precision=precision,
+                            mesh=mesh, bisect=bisect, timeout_s=timeout)
     with report.target_progress(enabled=format is Format.human, label=f"parity {prog.name}") as tick:
         record = check(program, prog, options, out, progress=tick)
     write(out, record)
-    if format is Format.json:
-        print(json.dumps(record, indent=2))
-    else:
-        report.print_parity(record)
+    _emit(record, format, report.print_parity)
     if not record["passed"]:
         raise typer.Exit(1)
 
@@ -146,10 +146,7 @@ def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
     from .registry import describe
 
     rows = describe()
-    if format is Format.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        report.print_backends(rows)
+    _emit(rows, format, report.print_backends)
 
 
 @app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")
@@ -168,10 +165,7 @@ def inspect(
     the_plan = plan(prog, devices)
     info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
             "flops_per_step": flops_per_step(prog), "batch_size": prog.data.batch_size, "plan": the_plan.to_json()}
-    if format is Format.json:
-        print(json.dumps(info, indent=2))
-    else:
-        report.print_inspect(info)
+    _emit(info, format, report.print_inspect)
 
 
 def main(argv: list[str] | None = None) -> None:
