@@ -65,12 +65,14 @@ def run(
     init_state: Optional[Path] = typer.Option(None, help="Start from these weights (.npz under the eager names) instead of building them from the seed."),
     trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
     sharding_mode: Optional[str] = typer.Option(None, help="jax only: gspmd (default; jit with NamedSharding) or shard_map (explicit collectives)."),
+    compile_mode: Optional[str] = typer.Option(None, help="inductor only: default, reduce-overhead or max-autotune (torch.compile's mode)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
 ) -> None:
     """Run a program on one target and report per-step loss and step time."""
     from .runloop import RunOptions, run as run_program
 
-    backend_options = {"sharding_mode": sharding_mode} if sharding_mode is not None else {}
+    backend_options = {k: v for k, v in (("sharding_mode", sharding_mode), ("compile_mode", compile_mode))
+                       if v is not None}
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
                          trace_out=trace_modules, backend_options=backend_options)
     prog = _load(program, precision, seed, mesh)

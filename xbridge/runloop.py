@@ -155,6 +155,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     records = train(program, prepared, options.steps, options.warmup, progress)
     summary = summarize(program, records, options.warmup)
     summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None
+    if summary["recompiles_after_warmup"] and hasattr(executable, "recompile_reasons"):
+        summary["recompile_reasons"] = executable.recompile_reasons()
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
     if options.state_out is not None:
         write_npz(options.state_out, executable.state_dict())

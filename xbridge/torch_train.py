@@ -13,7 +13,7 @@ Precision semantics (the same on every backend):
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -150,12 +150,17 @@ class TrainStep:
     """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
     scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
 
-    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False) -> None:
+    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
+                 compile: Callable[[Callable], Callable] | None = None) -> None:
+        """``compile``: a backend's compiler (torch.compile) for the loss (forward, and backward through
+        AOTAutograd) and for the optimizer update."""
         self.program = program
         self.model = model
         self.device_type = device.type
         self.updates = 0
         self.optimizer = make_optimizer(program, model, on_device)
+        self.loss_fn = compile(program.loss) if compile else program.loss
+        self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
         scaled = program.precision.loss_scale == "dynamic"
         self.scaler = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
 
@@ -167,7 +172,7 @@ class TrainStep:
         total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
         for micro in split_micro(batch, accum):
             with compute_context(program.precision, self.device_type):
-                loss = program.loss(model, micro)
+                loss = self.loss_fn(model, micro)
             loss = loss.float() / accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = total + loss.detach()
@@ -179,7 +184,7 @@ class TrainStep:
             self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
             self.scaler.update()
         else:
-            self.optimizer.step()
+            self.optimizer_step()
         self.updates += 1
         return total
 

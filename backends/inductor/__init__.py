@@ -1,0 +1,58 @@
+"""The Inductor backend: torch.compile of the loss (forward and backward) and of the optimizer update
+(``inductor-cpu``, ``inductor-cuda``). One process, one device for now: the multi-process torch.distributed path
+(FSDP2 and DTensor from the plan) is not implemented yet, and asking for it is refused with that reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from xbridge.backend import Backend, Executable, Target
+from xbridge.cache import cache_dir
+from xbridge.errors import ConfigError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+class InductorBackend(Backend):
+    name = "inductor"
+    devices = ("cuda", "cpu")
+    requires = ("torch",)
+    extra = "inductor"
+    options = ("compile_mode",)
+    sharded = False   # until the torch.distributed path exists: runs the program unsharded, like eager
+
+    def device_reason(self, device: str) -> str | None:
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "torch sees no CUDA device (torch.cuda.is_available() is False)"
+        return None
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__}
+
+    def device_count(self, device: str) -> int | None:
+        return 1   # one process, one device (the torch.distributed path is not implemented yet)
+
+    def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
+        """Inductor's on-disk cache under the user's cache folder (kept between runs and tests), and its debug
+        trace (FX graphs, generated code) under --dump; both are read when torch._inductor is first imported."""
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            os.environ["TORCH_COMPILE_DEBUG"] = "1"
+            os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(dump)
+
+    def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
+        mode = options.get("compile_mode", "default")
+        if mode not in COMPILE_MODES:
+            raise ConfigError(f"--compile-mode {mode!r} is not a torch.compile mode; use one of "
+                              f"{', '.join(COMPILE_MODES)}")
+        from .executable import InductorExecutable
+
+        return InductorExecutable(program, plan, target, mode)
