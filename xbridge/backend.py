@@ -115,3 +115,24 @@ class Backend:
 
     def lower(self, program: "Program", plan: "ShardingPlan", target: Target, options: dict[str, Any]) -> Executable:
         raise NotImplementedError(f"backend {self.name!r} does not implement lower()")
+
+
+class TorchDeviceBackend(Backend):
+    """Shared by the backends that run torch on torch's own devices (eager, inductor): CUDA availability from
+    torch, torch's version."""
+
+    devices = ("cuda", "cpu")
+    requires = ("torch",)
+
+    def device_reason(self, device: str) -> str | None:
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "torch sees no CUDA device (torch.cuda.is_available() is False)"
+        return None
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__}

@@ -58,3 +58,16 @@ def first_divergence(reference: dict[str, np.ndarray], target: dict[str, np.ndar
         if not value <= rtol:
             return name, value
     return None
+
+
+def trace_torch(program: Any, model: Any, tensors: dict[str, Any], device_type: str, hint: Any) -> dict[str, np.ndarray]:
+    """``trace_modules`` for the backends that run the torch module itself (eager, inductor, xla)."""
+    import torch
+
+    from . import hints
+    from .torch_train import compute_context
+
+    with torch.no_grad(), recording(model, lambda t: t.float().cpu().numpy()) as outputs, \
+            compute_context(program.precision, device_type), hints.activate(hint):
+        program.loss(model, tensors)
+    return outputs

@@ -61,14 +61,10 @@ class EagerExecutable:
         pass
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.bisect import recording
-        from xbridge.torch_train import compute_context
+        from xbridge.bisect import trace_torch
 
-        assert self.model is not None
-        with torch.no_grad(), recording(self.model, lambda t: t.float().cpu().numpy()) as outputs, \
-                compute_context(self.program.precision, self.device.type), hints.activate(self._hints):
-            self.program.loss(self.model, batch_to_torch(batch, self.device, self.program.precision))
-        return outputs
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None

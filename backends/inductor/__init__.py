@@ -8,33 +8,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xbridge.backend import Backend, Executable, Target
+from xbridge.backend import Executable, Target, TorchDeviceBackend
 from xbridge.cache import cache_dir
 from xbridge.errors import ConfigError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
-class InductorBackend(Backend):
+class InductorBackend(TorchDeviceBackend):
     name = "inductor"
-    devices = ("cuda", "cpu")
-    requires = ("torch",)
     extra = "inductor"
     options = ("compile_mode",)
     sharded = False   # until the torch.distributed path exists: runs the program unsharded, like eager
-
-    def device_reason(self, device: str) -> str | None:
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                return "torch sees no CUDA device (torch.cuda.is_available() is False)"
-        return None
-
-    def versions(self) -> dict[str, str]:
-        import torch
-
-        return {"torch": torch.__version__}
 
     def device_count(self, device: str) -> int | None:
         return 1   # one process, one device (the torch.distributed path is not implemented yet)
@@ -47,6 +32,9 @@ class InductorBackend(Backend):
             dump.mkdir(parents=True, exist_ok=True)
             os.environ["TORCH_COMPILE_DEBUG"] = "1"
             os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(dump)
+            # a cache hit skips code generation, and with it the dump: compile from scratch when dumping
+            os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+            os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 
     def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
         mode = options.get("compile_mode", "default")

@@ -89,13 +89,10 @@ class XlaExecutable:
         return to_numpy_state(self.model)
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.bisect import recording
-        from xbridge.torch_train import compute_context
+        from xbridge.bisect import trace_torch
 
         tensors = batch_to_torch(batch, self.device, self.program.precision)
-        with torch.no_grad(), recording(self.model, lambda t: t.float().cpu().numpy()) as outputs, \
-                compute_context(self.program.precision, "xla"), hints.activate(self._hint):
-            self.program.loss(self.model, tensors)
+        outputs = trace_torch(self.program, self.model, tensors, "xla", self._hint)
         torch_xla.sync()
         return outputs
 
