@@ -55,6 +55,44 @@ def torch_eager(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[
     return step
 
 
+def torch_compiled(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[str, np.ndarray]], float]:
+    """torch.compile as its tutorials show it: a compiled loss function and a compiled optimizer step, with the
+    learning rate in a tensor so that the schedule does not recompile."""
+    import torch
+
+    model = program.model()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    spec = program.optimizer
+    lr = torch.tensor(spec.lr, requires_grad=True)
+    opt = _torch_optimizer(spec, model.parameters(), lr, capturable=True)
+    mixed = program.precision.compute == "bfloat16"
+
+    @torch.compile
+    def loss_fn(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            return program.loss(model, tensors).float()
+
+    @torch.compile
+    def update() -> None:
+        opt.step()
+
+    state = {"step": 0}
+
+    def step(batch: dict[str, np.ndarray]) -> float:
+        with torch.no_grad():
+            lr.fill_(_lr(spec, state["step"]))
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn({k: torch.from_numpy(v) for k, v in batch.items()})
+        loss.backward()
+        if program.step.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), program.step.clip_grad_norm, foreach=False)
+        update()
+        state["step"] += 1
+        return loss.item()
+
+    return step
+
+
 def torch_xla_lazy(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[str, np.ndarray]], float]:
     import torch
     import torch_xla
@@ -143,5 +181,5 @@ def jax_torchax(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[
     return step
 
 
-NATIVE = {"eager": torch_eager, "xla": torch_xla_lazy, "jax": jax_torchax}
-TARGET = {"eager": "eager-cpu", "xla": "xla-cpu", "jax": "jax-cpu"}
+NATIVE = {"eager": torch_eager, "inductor": torch_compiled, "xla": torch_xla_lazy, "jax": jax_torchax}
+TARGET = {"eager": "eager-cpu", "inductor": "inductor-cpu", "xla": "xla-cpu", "jax": "jax-cpu"}

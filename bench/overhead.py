@@ -1,6 +1,6 @@
 """xbridge's step against a hand-written native loop of the same model, batch and precision, per backend.
 
-    .venv/bin/python bench/overhead.py [--program programs/gpt.py] [--backends eager,jax,xla] [--rounds 7]
+    .venv/bin/python bench/overhead.py [--program programs/gpt.py] [--backends eager,inductor,jax,xla] [--rounds 7]
                                        [--steps-per-round 5] [--out bench/results/overhead]
 
 Each backend runs in its own process (runtimes are per process). Inside it, both loops are built from the same
@@ -65,7 +65,7 @@ def child(program_path: str, backend: str, rounds: int, per_round: int, precisio
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", default=str(HERE.parent / "programs" / "gpt.py"))
-    parser.add_argument("--backends", default="eager,jax,xla")
+    parser.add_argument("--backends", default="eager,inductor,jax,xla")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps-per-round", type=int, default=5)
     parser.add_argument("--precision", default=None)
