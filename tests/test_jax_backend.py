@@ -4,7 +4,6 @@ scaling, lowering errors, dumps and the compilation cache."""
 from __future__ import annotations
 
 import json
-import math
 
 import jax
 import numpy as np

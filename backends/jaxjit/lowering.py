@@ -133,4 +133,3 @@ def matmul_precision(compute: str) -> Iterator[None]:
         yield
 
 
-Fn = Callable[..., Any]
