@@ -31,19 +31,17 @@ def initial_weights(program: Program) -> dict[str, np.ndarray]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(program.seed)
         model = program.model()
-    out = {}
-    for name, value in model.state_dict().items():
-        value = value.detach().cpu()
-        out[name] = (value.float() if value.is_floating_point() else value).numpy().copy()
-    return out
+    return to_numpy_state(model)
+
+
+def tensor_to_numpy(value: torch.Tensor) -> np.ndarray:
+    """A host copy; floating tensors in float32 (exact for bf16 and fp16)."""
+    value = value.detach().cpu()
+    return (value.float() if value.is_floating_point() else value).numpy().copy()
 
 
 def to_numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    out = {}
-    for name, value in model.state_dict().items():
-        value = value.detach().cpu()
-        out[name] = (value.float() if value.is_floating_point() else value).numpy().copy()
-    return out
+    return {name: tensor_to_numpy(value) for name, value in model.state_dict().items()}
 
 
 def build_model(program: Program, weights: dict[str, np.ndarray], device: torch.device) -> torch.nn.Module:
@@ -193,3 +191,64 @@ class TrainStep:
         """The learning rate the next step uses (computed on the host: reading a device lr would synchronise)."""
         spec = self.program.optimizer
         return spec.lr * spec.schedule.factor(self.updates)
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """Everything besides the weights that the next step depends on, as numpy under the checkpoint names
+        (xbridge/checkpoint.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
+        float32), ``loop/updates`` for the schedule's count, ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out: dict[str, np.ndarray] = {"loop/updates": np.array(self.updates, dtype=np.int64)}
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    out[f"optim/{names[id(param)]}/{key}"] = tensor_to_numpy(value)
+        if self.scaler is not None:
+            scaler = self.scaler.state_dict()
+            out["scaler/scale"] = np.array(scaler["scale"], dtype=np.float32)
+            out["scaler/growth_tracker"] = np.array(scaler["_growth_tracker"], dtype=np.int64)
+        out["rng/torch_cpu"] = torch.get_rng_state().numpy().copy()
+        return out
+
+    def import_state(self, state: dict[str, np.ndarray]) -> None:
+        """Load :meth:`export_state`'s arrays (from any backend): optimizer state cast to each parameter's dtype
+        and device by torch.optim's own ``load_state_dict``."""
+        self.updates = int(state["loop/updates"])
+        params = list(self.optimizer.param_groups[0]["params"])
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for index, param in enumerate(params):
+            prefix = f"optim/{names[id(param)]}/"
+            entries = {key[len(prefix):]: torch.from_numpy(np.ascontiguousarray(value))
+                       for key, value in state.items() if key.startswith(prefix)}
+            if entries:
+                per_param[index] = entries
+        current = self.optimizer.state_dict()
+        self.optimizer.load_state_dict({"state": per_param, "param_groups": current["param_groups"]})
+        if self.scaler is not None and "scaler/scale" in state:
+            self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(state["scaler/scale"]),
+                                         "_growth_tracker": int(state["scaler/growth_tracker"])})
+        if "rng/torch_cpu" in state:
+            torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(state["rng/torch_cpu"])))
+
+    def nonfinite_grads(self) -> list[str]:
+        """Parameters (eager order) whose gradient from the last step holds a NaN or Inf."""
+        return [name for name, p in self.model.named_parameters()
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+
+
+class TorchTrainState:
+    """The checkpoint and fault parts of the Executable contract for executables that hold ``self.train_step``
+    (a :class:`TrainStep`)."""
+
+    train_step: TrainStep
+
+    def training_state(self) -> dict[str, np.ndarray]:
+        return self.train_step.export_state()
+
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        self.train_step.import_state(state)
+
+    def nonfinite_grads(self) -> list[str]:
+        return self.train_step.nonfinite_grads()

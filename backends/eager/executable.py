@@ -11,10 +11,10 @@ import torch
 from xbridge import hints
 from xbridge.backend import Target
 from xbridge.errors import BackendUnavailable
-from xbridge.torch_train import TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
 
 
-class EagerExecutable:
+class EagerExecutable(TorchTrainState):
     def __init__(self, program: Any, plan: Any, target: Target) -> None:
         if plan.devices != 1:
             raise BackendUnavailable(f"target {target} runs on one device, but the plan uses {plan.devices}; "

@@ -11,14 +11,14 @@ from torch._dynamo.utils import counters
 
 from xbridge import hints
 from xbridge.backend import Target
-from xbridge.torch_train import TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
 
 
 def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-class InductorExecutable:
+class InductorExecutable(TorchTrainState):
     def __init__(self, program: Any, plan: Any, target: Target, mode: str) -> None:
         self.program, self.plan, self.mode = program, plan, mode
         self.device = torch.device(target.device)

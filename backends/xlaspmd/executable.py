@@ -19,7 +19,7 @@ from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable
 from xbridge.planning import ShardingPlan
 from xbridge.program import Program
-from xbridge.torch_train import TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
 
 _RUNTIME_READY = False
 
@@ -41,7 +41,7 @@ def compile_count() -> int:
     return int(data[0]) if data else 0
 
 
-class XlaExecutable:
+class XlaExecutable(TorchTrainState):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target) -> None:
         start_runtime()
         have = xr.global_runtime_device_count()
@@ -87,6 +87,18 @@ class XlaExecutable:
     def state_dict(self) -> dict[str, np.ndarray]:
         torch_xla.sync()
         return to_numpy_state(self.model)
+
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        """torch.optim's load_state_dict moves the state to the parameter's device but not its sharding: state
+        that mirrors a parameter is sharded like it, as the first step would have created it."""
+        self.train_step.import_state(state)
+        planned = {p.name: p.spec for p in self.plan.params}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for param, entries in self.train_step.optimizer.state.items():
+            for value in entries.values():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                    xs.mark_sharding(value, self.mesh, planned[names[id(param)]])
+        torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from xbridge.bisect import trace_torch
