@@ -41,6 +41,18 @@ class Executable(Protocol):
     def state_dict(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers as full (unsharded) numpy arrays under the eager names."""
 
+    def training_state(self) -> dict[str, np.ndarray]:
+        """Everything but the weights that the next step depends on, full numpy arrays under backend-neutral
+        names (``optim/<param>/<torch.optim key>``, ``loop/updates``, ``scaler/*``, ``rng/*``; see
+        xbridge/checkpoint.py). Written into checkpoints; read back by any backend."""
+
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        """After :meth:`init`: continue from ``state`` (from :meth:`training_state` of any backend), sharding it
+        like the parameters it belongs to."""
+
+    def nonfinite_grads(self) -> list[str]:
+        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
+
     def recompiles(self) -> int:
         """Compilations of the step since the last call to :meth:`mark_warm` (0 for a backend that compiles nothing)."""
 

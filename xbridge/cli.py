@@ -49,7 +49,9 @@ def _emit(record: Any, format: Format, human: Any) -> None:
         human(record)
 
 
-@app.command(epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt")
+@app.command(epilog="Examples: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt\n\n"
+             "xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 --checkpoint-dir ckpt\n\n"
+             "xbridge run programs/gpt.py --backend xla-cpu --steps 200 --resume ckpt --checkpoint-dir ckpt")
 def run(
     program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
     backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
@@ -66,6 +68,11 @@ def run(
     trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
     sharding_mode: Optional[str] = typer.Option(None, help="jax only: gspmd (default; jit with NamedSharding) or shard_map (explicit collectives)."),
     compile_mode: Optional[str] = typer.Option(None, help="inductor only: default, reduce-overhead or max-autotune (torch.compile's mode)."),
+    checkpoint_dir: Optional[Path] = typer.Option(None, help="Write checkpoints here: at the end, every --checkpoint-every steps and on Ctrl-C."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
+    keep: int = typer.Option(3, help="Newest checkpoints kept in --checkpoint-dir."),
+    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint (a step-NNNNNNNN directory, or a checkpoint directory: its newest); --steps stays the total."),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Resume a checkpoint written by another program config (shapes must still match)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
 ) -> None:
     """Run a program on one target and report per-step loss and step time."""
@@ -74,7 +81,9 @@ def run(
     backend_options = {k: v for k, v in (("sharding_mode", sharding_mode), ("compile_mode", compile_mode))
                        if v is not None}
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
-                         trace_out=trace_modules, backend_options=backend_options)
+                         trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
+                         checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                         allow_config_change=allow_config_change)
     prog = _load(program, precision, seed, mesh)
     weights = report.read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:

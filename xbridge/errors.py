@@ -43,3 +43,14 @@ class LoweringError(XBridgeError):
     """A backend cannot lower something in the program (an operator, a construct). Names the op and module."""
 
     exit_code = 1
+
+
+class CheckpointError(XBridgeError):
+    """A checkpoint cannot be written or loaded: another program's, corrupted, truncated, incomplete, or a
+    directory that cannot hold it. Nothing is loaded and nothing is overwritten."""
+
+
+class Interrupted(XBridgeError):
+    """Ctrl-C during a run; with checkpointing on, a final checkpoint was written first."""
+
+    exit_code = 130

@@ -84,7 +84,7 @@ def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Callable[[in
         task = bar.add_task(label, total=total, loss="-")
 
         def tick(step: int, record: dict) -> None:
-            bar.update(task, advance=1, loss=f"{record['loss']:.4f}")
+            bar.update(task, completed=step + 1, loss=f"{record['loss']:.4f}")   # step: global (resume)
 
         yield tick
 
@@ -135,6 +135,11 @@ def print_run(result: dict[str, Any]) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    if result.get("resumed_from"):
+        changed = f" (config changed: {', '.join(result['config_changes'])})" if result.get("config_changes") else ""
+        console.print(f"resumed from {escape(result['resumed_from'])} at step {result['start_step']}{changed}")
+    if result.get("checkpoints"):
+        console.print(f"checkpoints written: {len(result['checkpoints'])}, last {escape(result['checkpoints'][-1])}")
     if result.get("written"):
         console.print(f"wrote {escape(result['written'])}")
 

@@ -7,10 +7,14 @@ and compilation, are reported separately and excluded from the steady-state stat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import resource
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +22,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, registry
+from . import __version__, checkpoint, registry
 from .backend import Backend, Executable, Target
-from .errors import BackendUnavailable, ConfigError, RunError
+from .errors import BackendUnavailable, ConfigError, Interrupted, RunError
 from .planning import ShardingPlan, plan as make_plan
 from .program import Program
 from .report import write_npz
@@ -37,10 +41,21 @@ class RunOptions:
     state_out: Path | None = None   # write the final state_dict here (.npz, no pickle)
     trace_out: Path | None = None   # write each module's output of a forward pass on batch 0, before training
     backend_options: dict[str, Any] = field(default_factory=dict)
+    checkpoint_dir: Path | None = None     # save checkpoints here (at the end, every checkpoint_every, on Ctrl-C)
+    checkpoint_every: int | None = None
+    keep: int = 3                          # newest checkpoints kept in checkpoint_dir
+    resume: Path | None = None             # a checkpoint, or a directory whose newest checkpoint is resumed
+    allow_config_change: bool = False      # resume a checkpoint written by another program config
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write the checkpoints)")
+        if self.keep < 1:
+            raise ConfigError(f"--keep must be >= 1, got {self.keep}")
         if self.warmup is None:
             self.warmup = min(2, self.steps - 1)
         if not 0 <= self.warmup < self.steps:
@@ -123,38 +138,107 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     return Prepared(target, backend, plan, executable)
 
 
-def train(program: Program, prepared: Prepared, steps: int, warmup: int,
-          progress: Progress | None = None) -> list[dict[str, float]]:
-    """Run ``steps`` steps on the batches of the program's data spec; time each one. Warm-up ends at ``warmup``."""
+@contextlib.contextmanager
+def deferred_interrupt(enabled: bool) -> Any:
+    """While checkpointing, the first Ctrl-C lets the current step finish and asks for a final checkpoint (the
+    yielded dict's ``requested``); a second one aborts at once."""
+    state = {"requested": False}
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if state["requested"]:
+            raise KeyboardInterrupt
+        state["requested"] = True
+        print("\ninterrupt: finishing this step, then writing a checkpoint (Ctrl-C again aborts)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train(program: Program, prepared: Prepared, steps: int, warmup: int, progress: Progress | None = None,
+          start: int = 0, after_step: Callable[[int], None] | None = None,
+          last_good: Callable[[], Path | None] = lambda: None) -> list[dict[str, float]]:
+    """Run steps ``start..steps-1`` on the batches of the program's data spec; time each one. Warm-up ends
+    ``warmup`` steps after ``start``. ``after_step(done)`` runs after each step (done = completed steps)."""
     executable = prepared.executable
     records: list[dict[str, float]] = []
-    for step in range(steps):
+    for step in range(start, steps):
         batch = program.data.batch(step, program.seed)
-        if step == warmup:
+        if step - start == warmup:
             executable.mark_warm()
-        start = time.perf_counter()
+        start_time = time.perf_counter()
         metrics = executable.step(batch)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start_time
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}, "time_s": elapsed}
         if not math.isfinite(record["loss"]):
-            raise RunError(f"loss became {record['loss']} at step {step} on {prepared.target}; lower the learning "
-                           "rate or use a wider precision")
+            raise RunError(nonfinite_message(prepared, record["loss"], step, last_good()))
         records.append(record)
         if progress is not None:
             progress(step, record)
+        if after_step is not None:
+            after_step(step + 1)
     return records
+
+
+def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
+    culprits = prepared.executable.nonfinite_grads() if hasattr(prepared.executable, "nonfinite_grads") else None
+    if culprits:
+        grads = f"first non-finite gradient: {culprits[0]!r} ({len(culprits)} parameter(s) in all)"
+    else:
+        grads = "every parameter gradient is finite" if culprits is not None else "gradients not inspected"
+    kept = f"; the last good checkpoint is {last_good}" if last_good else ""
+    return (f"loss became {loss} at step {step} on {prepared.target}; {grads}{kept}; lower the learning rate "
+            "or use a wider precision")
 
 
 def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
         weights: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Run ``program`` on ``target_text`` and return the result record (what ``run.json`` holds)."""
+    resumed = None
+    if options.resume is not None:
+        if weights is not None:
+            raise ConfigError("--resume and --init-state both give the starting weights; pass one of them")
+        resumed = checkpoint.load(checkpoint.locate(options.resume), program, options.allow_config_change)
+        weights = resumed.weights
+    start = resumed.step if resumed else 0
+    if start >= options.steps:
+        raise ConfigError(f"checkpoint {resumed.path} is at step {start} and --steps {options.steps} is the total "
+                          f"to reach; nothing is left to run (e.g. --steps {start + options.steps})")
+    writer = checkpoint.Writer(options.checkpoint_dir, options.keep, start) if options.checkpoint_dir else None
     prepared = prepare(program, target_text, options, weights)
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
+    if resumed is not None:
+        executable.load_training_state(resumed.train)
     if options.trace_out is not None:
-        write_npz(options.trace_out, executable.trace_modules(program.data.batch(0, program.seed)))
-    records = train(program, prepared, options.steps, options.warmup, progress)
-    summary = summarize(program, records, options.warmup)
-    summary["recompiles_after_warmup"] = executable.recompiles() if options.warmup else None
+        write_npz(options.trace_out, executable.trace_modules(program.data.batch(start, program.seed)))
+    versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
+    warmup = min(options.warmup, options.steps - start - 1)
+    saved: list[str] = []
+
+    def save(done: int) -> None:
+        info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
+        saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
+
+    with deferred_interrupt(writer is not None) as interrupt:
+        def after_step(done: int) -> None:
+            if writer is None:
+                return
+            due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
+            if due or done == options.steps or interrupt["requested"]:
+                save(done)
+            if interrupt["requested"] and done < options.steps:
+                raise Interrupted(f"interrupted after step {done} of {options.steps}; checkpoint {saved[-1]} "
+                                  f"written (continue with --resume {options.checkpoint_dir})")
+
+        records = train(program, prepared, options.steps, warmup, progress, start, after_step,
+                        lambda: writer.last if writer else None)
+    summary = summarize(program, records, warmup)
+    summary["recompiles_after_warmup"] = executable.recompiles() if warmup else None
     if summary["recompiles_after_warmup"] and hasattr(executable, "recompile_reasons"):
         summary["recompile_reasons"] = executable.recompile_reasons()
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
@@ -170,8 +254,12 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         "devices": options.devices,
         "mesh": dict(plan.mesh),
         "param_bytes_per_device": plan.bytes_per_device,
-        "versions": {"xbridge": __version__, "numpy": np.__version__, **backend.versions()},
+        "versions": versions,
         "machine": machine(),
+        "start_step": start,
+        "resumed_from": str(resumed.path) if resumed else None,
+        "config_changes": checkpoint.config_changes(resumed.manifest, program) if resumed else [],
+        "checkpoints": saved,
         "steps": records,
         "summary": summary,
         "dumped": dumped,

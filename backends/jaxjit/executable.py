@@ -60,6 +60,7 @@ class JaxExecutable:
         self.warm_traces = 0
         self.scaling = program.precision.loss_scale == "dynamic"
         self.tx = optimizers.direction(program.optimizer)
+        self._bad_grads: jax.Array | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -147,6 +148,9 @@ class JaxExecutable:
             grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
             bad = sum(reduce_sum(n, jnp.sum(~jnp.isfinite(g)).astype(jnp.float32)) for n, g in grads.items())
             finite = bad == 0
+        # per parameter, how many gradient entries are NaN/Inf: names the culprit when the loss goes non-finite
+        bad_grads = jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(grads[n])).astype(jnp.float32))
+                               for n in self.lowered.param_names])
         clip = self.program.step.clip_grad_norm
         if clip is not None:
             sq = sum(reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items())
@@ -162,11 +166,11 @@ class JaxExecutable:
         else:
             new["params"], new["opt"] = updated, opt
         new["step"] = state["step"] + 1
-        return new, {"loss": loss, "lr": lr}
+        return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads}
 
     def _build(self) -> Callable:
         scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
-        metric_specs = {"loss": P(), "lr": P()}
+        metric_specs = {"loss": P(), "lr": P(), "bad_grads": P()}
         metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
 
         def jit(fn: Callable) -> Callable:
@@ -227,6 +231,7 @@ class JaxExecutable:
         self._last_batch = device_batch
         with matmul_precision(self.program.precision.compute):
             self.state, metrics = self.jitted(self.state, device_batch)
+        self._bad_grads = metrics["bad_grads"]
         return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"])}  # float() waits for the device
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -239,6 +244,41 @@ class JaxExecutable:
             value = np.asarray(value)
             out[name] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16 else value
         return out
+
+    def _eager_names(self) -> dict[str, str]:
+        """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters)."""
+        out: dict[str, str] = {}
+        for eager, canonical in self.lowered.canonical.items():
+            out.setdefault(canonical, eager)
+        return out
+
+    def training_state(self) -> dict[str, np.ndarray]:
+        host = jax.device_get({k: v for k, v in self.state.items() if k != "params" and k != "buffers"})
+        out = optimizers.export_state(host["opt"], self._eager_names())
+        out["loop/updates"] = np.asarray(host["step"], dtype=np.int64)
+        if self.scaling:
+            out["scaler/scale"] = np.asarray(host["scaler"].scale, dtype=np.float32)
+            out["scaler/growth_tracker"] = np.asarray(host["scaler"].growth_tracker, dtype=np.int64)
+        return out
+
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        """Checkpoint arrays (from any backend) into the optimizer state, placed with the state's shardings."""
+        host = jax.device_get(self.state)
+        host["opt"] = optimizers.import_state(host["opt"], state, self._eager_names())
+        host["step"] = np.asarray(state["loop/updates"], dtype=np.int32)
+        if self.scaling and "scaler/scale" in state:
+            host["scaler"] = optimizers.ScalerState(np.asarray(state["scaler/scale"], dtype=np.float32),
+                                                    np.asarray(state["scaler/growth_tracker"], dtype=np.int32))
+        self.state = jax.device_put(host, self.state_shardings)
+
+    def nonfinite_grads(self) -> list[str]:
+        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
+        if self._bad_grads is None:
+            return []
+        bad = np.asarray(jax.device_get(self._bad_grads))
+        names = self._eager_names()
+        flagged = {names[n] for n, count in zip(self.lowered.param_names, bad) if count > 0}
+        return [n for n in self.names if n in flagged]
 
     def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
         """The live sharding of every trained parameter (for tests and inspection)."""

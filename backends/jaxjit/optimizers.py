@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from xbridge.optim import SGD, AdamW
@@ -78,3 +79,50 @@ def scaler_update(state: ScalerState, finite: jax.Array) -> ScalerState:
     grow = tracker >= GROWTH_INTERVAL
     scale = jnp.where(finite, jnp.where(grow, state.scale * GROWTH_FACTOR, state.scale), state.scale * BACKOFF_FACTOR)
     return ScalerState(scale.astype(jnp.float32), jnp.where(grow, 0, tracker).astype(jnp.int32))
+
+
+# ---------------------------------------------------------------------- checkpoint names
+# The optimizer state crosses backends under torch.optim's per-parameter keys (xbridge/checkpoint.py):
+# AdamW ``step``/``exp_avg``/``exp_avg_sq``, SGD ``momentum_buffer`` (torch creates it on the first step).
+
+def _parts(opt: Any) -> list[Any]:
+    return list(opt) if isinstance(opt, tuple) and not hasattr(opt, "_fields") else [opt]
+
+
+def export_state(opt: Any, torch_names: dict[str, str]) -> dict[str, Any]:
+    """``optim/<eager name>/<key>`` -> host array; ``torch_names`` maps each trained (canonical) name to its
+    eager name."""
+    out: dict[str, Any] = {}
+    for part in _parts(opt):
+        if isinstance(part, optax.ScaleByAdamState):
+            for name, eager in torch_names.items():
+                out[f"optim/{eager}/step"] = np.asarray(part.count, dtype=np.float32)
+                out[f"optim/{eager}/exp_avg"] = np.asarray(part.mu[name], dtype=np.float32)
+                out[f"optim/{eager}/exp_avg_sq"] = np.asarray(part.nu[name], dtype=np.float32)
+        elif isinstance(part, TorchMomentumState) and bool(part.started):
+            for name, eager in torch_names.items():
+                out[f"optim/{eager}/momentum_buffer"] = np.asarray(part.buf[name], dtype=np.float32)
+    return out
+
+
+def import_state(opt: Any, state: dict[str, Any], torch_names: dict[str, str]) -> Any:
+    """``opt`` (a freshly initialised state) with every entry the checkpoint holds; absent entries keep their
+    initial value, which is what torch.optim starts a parameter's state from."""
+    def load(eager: str, key: str, like: Any) -> Any:
+        value = state.get(f"optim/{eager}/{key}")
+        return like if value is None else np.asarray(value).astype(like.dtype)
+
+    parts = []
+    for part in _parts(opt):
+        if isinstance(part, optax.ScaleByAdamState):
+            steps = {float(state[f"optim/{e}/step"]) for e in torch_names.values() if f"optim/{e}/step" in state}
+            count = part.count if not steps else np.asarray(max(steps), dtype=part.count.dtype)
+            part = part._replace(count=count,
+                                 mu={n: load(e, "exp_avg", part.mu[n]) for n, e in torch_names.items()},
+                                 nu={n: load(e, "exp_avg_sq", part.nu[n]) for n, e in torch_names.items()})
+        elif isinstance(part, TorchMomentumState):
+            started = any(f"optim/{e}/momentum_buffer" in state for e in torch_names.values())
+            part = TorchMomentumState({n: load(e, "momentum_buffer", part.buf[n]) for n, e in torch_names.items()},
+                                      np.asarray(started))
+        parts.append(part)
+    return tuple(parts) if isinstance(opt, tuple) and not hasattr(opt, "_fields") else parts[0]
