@@ -1,0 +1,154 @@
+"""The bad-input corpus: program files, flags, meshes, sharding rules, precisions, targets and checkpoints.
+
+Each case runs the real command and asserts the exit code, exactly one ``error:`` line naming the thing at fault,
+no traceback, nothing on stdout, and that no file that existed before (a workspace holding checkpoints, results
+and user files, and the test fixtures) was changed, removed or added to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import PROGRAMS, ROOT, one_error_line, run_cli
+
+pytestmark = pytest.mark.cli
+FIXTURES = ROOT / "tests" / "fixtures"
+MLP = str(PROGRAMS / "mlp.py")
+GPT = str(PROGRAMS / "gpt.py")
+
+
+def _rewrite(step_dir, change):
+    """Rewrite model.safetensors through ``change(arrays)`` and keep the manifest consistent with it (valid
+    checksums), so only the tensor check can catch the problem."""
+    import safetensors.numpy
+
+    path = step_dir / "model.safetensors"
+    arrays = change(safetensors.numpy.load(path.read_bytes()))
+    data = safetensors.numpy.save(arrays)
+    path.write_bytes(data)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["tensors"]["model.safetensors"] = {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, mlp_program):
+    from xbridge.runloop import RunOptions, run
+
+    ws = tmp_path_factory.mktemp("workspace")
+    run(mlp_program, "eager-cpu", RunOptions(steps=4, warmup=1, checkpoint_dir=ws / "ck", checkpoint_every=2))
+    last = ws / "ck" / "step-00000004"
+
+    def variant(name):
+        target = ws / name / last.name
+        shutil.copytree(last, target)
+        return target
+
+    model = variant("truncated") / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-100])
+    train = variant("corrupted") / "train.safetensors"
+    data = bytearray(train.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    train.write_bytes(bytes(data))
+    _rewrite(variant("missing"), lambda a: {k: v for k, v in a.items() if k != "fc1.bias"})
+    _rewrite(variant("reshaped"), lambda a: {**a, "fc1.weight": np.ascontiguousarray(a["fc1.weight"][:, :-1])})
+    (variant("badjson") / "manifest.json").write_text("{not json")
+    (ws / "empty").mkdir()
+    (ws / "afile.txt").write_text("keep me")
+    (ws / "out").mkdir()
+    (ws / "out" / "run.json").write_text('{"mine": true}')
+    np.savez(ws / "other.npz", w=np.zeros(3, np.float32))
+    return ws
+
+
+def snapshot(*roots):
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+            for root in roots for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+CK = "{ws}/ck"
+BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is the workspace
+    # program files
+    (["run", "missing.py"], "program file 'missing.py' does not exist"),
+    (["run", str(FIXTURES / "syntax_error.py")], "has a syntax error at line 3"),
+    (["run", str(FIXTURES / "no_program.py")], "defines no `program`; add `program = xb.Program(...)`"),
+    (["run", str(FIXTURES / "wrong_type.py")], "wrong_type.py' is a dict, not an xb.Program"),
+    (["run", str(FIXTURES / "raises.py")], "raised RuntimeError at import (raises.py:1): the dataset path"),
+    (["run", str(FIXTURES / "bad_optimizer.py")], "bad_optimizer.py: AdamW lr must be a number > 0, got -1.0"),
+    (["run", MLP + ":other"], "mlp.py' defines no `other`; add `other = xb.Program(...)`"),
+    (["run", "{ws}/empty:program"], "program path '{ws}/empty' is not a file"),
+    # flags
+    (["run", MLP, "--steps", "0"], "--steps must be >= 1, got 0"),
+    (["run", MLP, "--steps", "3", "--warmup", "3"], "--warmup must be in [0, steps)"),
+    (["run", MLP, "--devices", "0"], "--devices must be >= 1, got 0"),
+    (["run", MLP, "--seed", "-1"], "Program 'mlp': seed must be an int >= 0, got -1"),
+    (["run", MLP, "--format", "yaml"], "Invalid value for '--format'"),
+    (["run", MLP, "--stesp", "3"], "No such option: --stesp"),
+    (["run", MLP, "--sharding-mode", "gspmd"], "target eager-cpu takes no --sharding-mode"),
+    (["run", MLP, "--backend", "jax-cpu", "--sharding-mode", "pmap"], "--sharding-mode 'pmap' is not a jax sharding mode"),
+    (["run", MLP, "--backend", "inductor-cpu", "--compile-mode", "fast"], "--compile-mode 'fast' is not a torch.compile mode"),
+    (["run", MLP, "--init-state", "{ws}/nothere.npz"], "--init-state '{ws}/nothere.npz' does not exist"),
+    (["run", MLP, "--init-state", "{ws}/other.npz"], "the weights do not belong to program 'mlp': 6 missing"),
+    (["run", MLP, "--steps", "2", "--out", "{ws}/afile.txt"], "--out '{ws}/afile.txt' exists and is not a directory"),
+    (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+    # meshes and sharding rules
+    (["run", str(FIXTURES / "bad_mesh.py"), "--backend", "jax-cpu"], "mesh (data=2 x model=2) has 4 devices but 1 are in use"),
+    (["inspect", MLP, "--mesh", "data=x"], "--mesh part 'data=x' of 'data=x' is not NAME=SIZE"),
+    (["inspect", MLP, "--mesh", "data=2,data=2"], "mesh axis 'data' appears twice"),
+    (["inspect", MLP, "--devices", "8", "--mesh", "data=-1,model=3"], "mesh (data=-1 x model=3) cannot fill 8 devices"),
+    (["inspect", str(FIXTURES / "bad_rule.py")], "sharding rule 'encoder\\..*' (spec ('model',)) matches no parameter"),
+    (["inspect", GPT, "--devices", "3", "--mesh", "data=1,model=3"],
+     "parameter 'blocks.0.q.weight' of shape (256, 256) (rule '.*\\.(q|k|v|up)\\.weight', spec ('model', None)): "
+     "dimension 0 (256) is not divisible by mesh axis 'model' (size 3)"),
+    # precisions
+    (["run", MLP, "--precision", "fp8"], "unknown precision 'fp8'; use one of fp32, bf16-mixed"),
+    (["run", MLP, "--precision", "params=float8"], "precision 'params=float8' lacks compute"),
+    # targets
+    (["run", MLP, "--backend", "tpu-jax"], "unknown target 'tpu-jax'; known targets: eager-cpu, "),
+    (["run", MLP, "--backend", "jax-tpu"], "target jax-tpu is unavailable: jax has no TPU runtime here"),
+    (["run", MLP, "--backend", "xla-cuda"], "target xla-cuda is unavailable: torch_xla 2.9 has no CUDA support"),
+    (["run", MLP, "--devices", "4"], "target eager-cpu has 1 device(s) here, but --devices 4"),
+    (["parity", MLP, "--backends", "nope-cpu"], "unknown target 'nope-cpu'"),
+    # checkpoints
+    (["run", GPT, "--resume", CK], "checkpoint '{ws}/ck/step-00000004' belongs to another program config (program 'mlp'"),
+    (["run", MLP, "--resume", "{ws}/truncated"], "model.safetensors' is truncated or padded"),
+    (["run", MLP, "--resume", "{ws}/corrupted"], "train.safetensors' is corrupted: its SHA-256 differs"),
+    (["run", MLP, "--resume", "{ws}/missing"], "is missing tensor 'fc1.bias' of program 'mlp'"),
+    (["run", MLP, "--resume", "{ws}/reshaped"], "tensor 'fc1.weight' in checkpoint '{ws}/reshaped/step-00000004' has "
+                                                "shape (256, 63), program 'mlp' expects (256, 64)"),
+    (["run", MLP, "--resume", "{ws}/badjson"], "checkpoint manifest '{ws}/badjson/step-00000004/manifest.json' cannot be read"),
+    (["run", MLP, "--resume", "{ws}/nothere"], "--resume '{ws}/nothere' does not exist"),
+    (["run", MLP, "--resume", "{ws}/empty"], "--resume '{ws}/empty' holds no checkpoint"),
+    (["run", MLP, "--resume", CK, "--steps", "4"], "is at step 4 and --steps 4 is the total to reach"),
+    (["run", MLP, "--resume", CK, "--init-state", "{ws}/other.npz"], "--resume and --init-state both give the starting weights"),
+    (["run", MLP, "--checkpoint-dir", CK], "--checkpoint-dir '{ws}/ck' already holds checkpoints up to step 4"),
+    (["run", MLP, "--checkpoint-dir", "{ws}/afile.txt"], "--checkpoint-dir '{ws}/afile.txt' exists and is not a directory"),
+    (["run", MLP, "--checkpoint-dir", "{ws}/afile.txt/ck"], "--checkpoint-dir '{ws}/afile.txt/ck' cannot be created"),
+    (["run", MLP, "--checkpoint-dir", "/proc/xbridge-ck"], "--checkpoint-dir '/proc/xbridge-ck' cannot be created"),
+    (["run", MLP, "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir DIR"),
+    (["run", MLP, "--checkpoint-every", "0", "--checkpoint-dir", "{ws}/new"], "--checkpoint-every must be >= 1, got 0"),
+    (["run", MLP, "--keep", "0", "--checkpoint-dir", "{ws}/new"], "--keep must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("args,fragment", BAD_INPUTS, ids=[f"{i:02d}-{a[-1][-24:]}" for i, (a, _) in enumerate(BAD_INPUTS)])
+def test_bad_input_one_line_exit_2_nothing_changed(args, fragment, workspace):
+    before = snapshot(workspace, FIXTURES)
+    proc = run_cli(*[a.replace("{ws}", str(workspace)) for a in args], cwd=workspace)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    line = one_error_line(proc)
+    assert fragment.replace("{ws}", str(workspace)) in line, line
+    assert proc.stdout == ""
+    assert snapshot(workspace, FIXTURES) == before
+    assert not (workspace / "new").exists()
+
+
+def test_the_corpus_is_large_and_distinct():
+    assert len(BAD_INPUTS) >= 30
+    assert len({tuple(a) for a, _ in BAD_INPUTS}) == len(BAD_INPUTS)
