@@ -61,10 +61,12 @@ def test_format_is_safetensors_and_a_manifest(tmp_path, mlp_program):
     assert not list(tmp_path.joinpath("ck").glob(".tmp-*"))
 
 
-@pytest.mark.parametrize("target,which,devices", [("eager-cpu", "mlp", 1), ("eager-cpu", "gpt", 1),
-                                                   ("jax-cpu", "gpt", 4)])
-def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, devices, mlp_program, tiny_gpt):
-    program = {"mlp": mlp_program, "gpt": tiny_gpt}[which]
+@pytest.mark.parametrize("target,which,devices,precision", [
+    ("eager-cpu", "mlp", 1, "fp32"), ("eager-cpu", "gpt", 1, "fp32"), ("jax-cpu", "gpt", 4, "fp32"),
+    ("eager-cpu", "gpt", 1, "bf16-true"), ("jax-cpu", "mlp", 1, "fp16-mixed")])
+def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, devices, precision, mlp_program, tiny_gpt):
+    """bf16 parameters and Adam state go through float32 in the file and back; fp16 carries the loss scale."""
+    program = {"mlp": mlp_program, "gpt": tiny_gpt}[which].replace(precision=precision)
     common = dict(warmup=1, devices=devices)
     full = run(program, target, RunOptions(steps=8, state_out=tmp_path / "full.npz", **common))
     first = run(program, target, RunOptions(steps=5, checkpoint_dir=tmp_path / "ck", checkpoint_every=3, **common))
