@@ -7,15 +7,30 @@ The folder is deliberately not called ``torch_xla``: it would shadow the real pa
 
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from xbridge.backend import Backend, Executable, Target
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, ConfigError
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
+# lazy: the whole step traced as lazy tensors by torch_xla.compile (one graph per step).
+# openxla: the loss (forward, and backward through AOTAutograd) captured by Dynamo, torch.compile(backend="openxla");
+# the optimizer update stays lazy and runs at the step's sync.
+XLA_MODES = ("lazy", "openxla")
+_owned_files: list[str] = []
+
+
+def _remove_owned() -> None:
+    for name in _owned_files:
+        Path(name).unlink(missing_ok=True)
+
+
+atexit.register(_remove_owned)
 
 
 class XlaBackend(Backend):
@@ -23,6 +38,7 @@ class XlaBackend(Backend):
     devices = ("tpu", "cpu")
     requires = ("torch_xla", "torch")
     extra = "xla"
+    options = ("xla_mode",)
     unsupported = {"cuda": "torch_xla 2.9 has no CUDA support (removed upstream; its successor targets TPU): "
                            "use inductor-cuda or jax-cuda"}
 
@@ -53,11 +69,24 @@ class XlaBackend(Backend):
             if _runtime_started():
                 raise BackendUnavailable("--dump for xla must be given before torch_xla starts in this process")
             os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
+        if not _runtime_started():
+            # torch_xla's compilation-cause analysis (read once, when _XLAC loads): level 1 writes one record per
+            # XLA compilation (its cause, graph name, Python frames), nothing per execution. The executable reads
+            # the records of compilations after warm-up back as recompile reasons. A user's own settings win.
+            os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "1")
+            if "PT_XLA_DEBUG_FILE" not in os.environ:
+                fd, name = tempfile.mkstemp(prefix="xbridge-xla-debug-", suffix=".txt")
+                os.close(fd)
+                os.environ["PT_XLA_DEBUG_FILE"] = name
+                _owned_files.append(name)   # ours: removed when the process exits
 
     def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
+        mode = options.get("xla_mode", "lazy")
+        if mode not in XLA_MODES:
+            raise ConfigError(f"--xla-mode {mode!r} is not a torch_xla mode; use one of {', '.join(XLA_MODES)}")
         from .executable import XlaExecutable
 
-        return XlaExecutable(program, plan, target)
+        return XlaExecutable(program, plan, target, mode)
 
 
 def _runtime_started() -> bool:

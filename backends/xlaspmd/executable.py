@@ -1,10 +1,19 @@
-"""The torch_xla executable: the shared torch train step traced as lazy tensors into one graph per step, SPMD
-shardings from the plan, compile counts from torch_xla's metrics."""
+"""The torch_xla executable: the shared torch train step on XLA with SPMD shardings from the plan, in one of two
+modes, and compile counts (with their causes) from torch_xla's metrics and debug analysis.
+
+- ``lazy``: the whole step traced as lazy tensors by ``torch_xla.compile`` into one graph per step.
+- ``openxla``: the loss (forward, and backward through AOTAutograd) captured by Dynamo with
+  ``torch.compile(backend="openxla")``; clipping, accumulation and the optimizer update are lazy tensors and run
+  at the end of the step.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -13,10 +22,11 @@ import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 
+import xbridge
 from xbridge import hints
 from xbridge.backend import Target
 from xbridge.cache import cache_dir
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.planning import ShardingPlan
 from xbridge.program import Program
 from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
@@ -41,25 +51,100 @@ def compile_count() -> int:
     return int(data[0]) if data else 0
 
 
+def dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class _ShardHint(torch.autograd.Function):
+    """``xb.shard`` under Dynamo: torch_xla's ``xla::aot_mark_sharding`` op on the activation and on its gradient.
+    ``xs.mark_sharding_with_gradients`` cannot be captured (its ``str(mesh)`` calls numpy's ``tolist``, a graph
+    break), so the mesh and spec travel as strings fixed before tracing."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
+        ctx.mesh, ctx.spec = mesh, spec
+        return torch.ops.xla.aot_mark_sharding(x, mesh, spec)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return torch.ops.xla.aot_mark_sharding(grad, ctx.mesh, ctx.spec), None, None
+
+
+class _LossModule(torch.nn.Module):
+    """The program's loss as a module, so ``torch.func.functional_call`` can run it on substitute parameters."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.loss(self.model, batch)
+
+
+def fresh_input_loss(model: torch.nn.Module, loss: Callable) -> Callable:
+    """The loss with every parameter and batch array copied inside the captured graph.
+
+    Why (measured, torch_xla 2.9 with SPMD): the Dynamo bridge matches an extracted graph's inputs to the call's
+    arguments by tensor id, but under SPMD ``_get_tensors_xla_device_data_node`` re-tags each device buffer with the
+    id of the wrapper it returns. Extracting the forward graph therefore hides the identity of every forward input
+    from the backward graph extracted next, and the backward treats those it reads (the batch, LayerNorm weights)
+    as constants frozen at their step-0 values: the first update is right, every later gradient is wrong (the MLP
+    drifted 1.9e-3 from eager at step 2 and 1.7e-1 by step 19, on 1 device too). Reading copies instead makes the
+    backward's inputs outputs of the forward graph, which the bridge matches correctly."""
+    wrapper = _LossModule(model, loss)
+
+    def loss_of_copies(_model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        params = {name: p.clone() for name, p in wrapper.named_parameters()}
+        return torch.func.functional_call(wrapper, params, ({k: v.clone() for k, v in batch.items()},))
+
+    return loss_of_copies
+
+
+def _check_importable(program: Program, model: torch.nn.Module) -> None:
+    """Dynamo imports the module of every function it traces (to guard on its globals): code run from a file with
+    ``runpy.run_path`` (module ``<run_path>``) fails deep inside Dynamo; say so in one line instead."""
+    import sys
+
+    for what, fn in (("loss", program.loss), ("model's forward", type(model).forward)):
+        module = getattr(fn, "__globals__", {}).get("__name__")
+        if module is not None and module not in sys.modules:
+            raise ConfigError(f"--xla-mode openxla: the program's {what} comes from module {module!r}, which Dynamo "
+                              "cannot import (code run with runpy.run_path?); load program files with "
+                              "xbridge.loader.load_program or a regular import")
+
+
 class XlaExecutable(TorchTrainState):
-    def __init__(self, program: Program, plan: ShardingPlan, target: Target) -> None:
+    def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str = "lazy") -> None:
         start_runtime()
         have = xr.global_runtime_device_count()
         if have != plan.devices:
             raise BackendUnavailable(f"target {target} runs SPMD over all {have} device(s) of this process, but the "
                                      f"plan uses {plan.devices}; run with --devices {have}")
-        self.program, self.plan, self.target = program, plan, target
+        self.program, self.plan, self.target, self.mode = program, plan, target, mode
         sizes = plan.axis_sizes
         self.mesh = xs.Mesh(np.arange(plan.devices), tuple(sizes.values()), tuple(sizes))
+        self._mesh_text = str(self.mesh)
         self.device = torch_xla.device()
         self.scaling = program.precision.loss_scale == "dynamic"
         self.warm_compiles = 0
+        self.warm_graphs = 0
+        self._warm_debug_offset = 0
+        self._warm_guard_failures: dict[Any, int] = {}
         self.first_compiles = compile_count()
 
     def _spec(self, spec: tuple, rank: int) -> tuple:
         return tuple(spec) + (None,) * (rank - len(spec))
 
     def _hint(self, x: torch.Tensor, spec: tuple) -> torch.Tensor:
+        if self.mode == "openxla":
+            hints.check_hint(x, spec, self.plan.axis_sizes)
+            return _ShardHint.apply(x, self._mesh_text, str(self._spec(spec, x.dim())))
+        return self._lazy_hint(x, spec)
+
+    def _lazy_hint(self, x: torch.Tensor, spec: tuple) -> torch.Tensor:
         hints.check_hint(x, spec, self.plan.axis_sizes)
         return xs.mark_sharding_with_gradients(x, self.mesh, self._spec(spec, x.dim()))
 
@@ -70,8 +155,14 @@ class XlaExecutable(TorchTrainState):
             xs.mark_sharding(param, self.mesh, planned[name])
         # Optimizer state is created by the first step from the (sharded) parameters and inherits their sharding.
         self.train_step = TrainStep(self.program, self.model, self.device, on_device=True)
-        # full_graph: the step must be one graph (GradScaler reads found_inf on the host, so not with fp16)
-        self.compiled = torch_xla.compile(self.train_step, full_graph=not self.scaling,
+        if self.mode == "openxla":
+            _check_importable(self.program, self.model)
+            # Dynamo captures the loss; static shapes (each XLA graph is for one shape anyway).
+            self.train_step.loss_fn = torch.compile(fresh_input_loss(self.model, self.program.loss),
+                                                    backend="openxla", dynamic=False)
+        # lazy: full_graph, the step must be one graph (not with fp16: GradScaler reads found_inf on the host).
+        # openxla: the Dynamo bridge runs its graphs inside the step, so more than one graph by design.
+        self.compiled = torch_xla.compile(self.train_step, full_graph=self.mode == "lazy" and not self.scaling,
                                           name=f"xbridge-{self.program.name}")
         torch_xla.sync()
 
@@ -103,8 +194,9 @@ class XlaExecutable(TorchTrainState):
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from xbridge.bisect import trace_torch
 
+        # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
         tensors = batch_to_torch(batch, self.device, self.program.precision)
-        outputs = trace_torch(self.program, self.model, tensors, "xla", self._hint)
+        outputs = trace_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
         torch_xla.sync()
         return outputs
 
@@ -120,11 +212,118 @@ class XlaExecutable(TorchTrainState):
         return out
 
     def recompiles(self) -> int:
-        return compile_count() - self.warm_compiles
+        """XLA compilations after warm-up; in openxla mode plus the graphs Dynamo captured again."""
+        count = compile_count() - self.warm_compiles
+        if self.mode == "openxla":
+            count += dynamo_graphs() - self.warm_graphs
+        return count
+
+    def recompile_reasons(self) -> list[str]:
+        """One line per distinct cause of the compilations after warm-up, with its count: torch_xla's own
+        compilation analysis (``PT_XLA_DEBUG_LEVEL=1``, set by the backend's configure) and, in openxla mode,
+        Dynamo's guard failures."""
+        lines = []
+        xla = compile_count() - self.warm_compiles
+        records = compilation_records(_debug_file(), self._warm_debug_offset)
+        for (cause, graph, where), count in Counter(records).items():
+            lines.append(f"xla compile x{count}: {cause} (graph {graph!r}{', at ' + where if where else ''})")
+        if xla > len(records):
+            level = os.environ.get("PT_XLA_DEBUG_LEVEL", "0")
+            lines.append(f"xla compile x{xla - len(records)}: no cause recorded by torch_xla (PT_XLA_DEBUG_LEVEL="
+                         f"{level}, PT_XLA_DEBUG_FILE={os.environ.get('PT_XLA_DEBUG_FILE', 'unset')})")
+        if self.mode == "openxla":
+            lines += [f"dynamo recompile x{count}: {reason}" for reason, count in Counter(self._guard_failures()).items()]
+        return lines
+
+    def _guard_failures(self) -> list[str]:
+        from torch._dynamo.utils import guard_failures
+
+        out = []
+        for code, reasons in guard_failures.items():
+            name = "the loss" if code.co_name == "loss_of_copies" else code.co_name
+            for reason in reasons[self._warm_guard_failures.get(code, 0):]:
+                # "0/1: tensor 'batch['x']' size mismatch ..." -> without the compile id
+                out.append(f"{name}: {re.sub(r'^[0-9/]+: ', '', str(reason)).strip()}")
+        return out
 
     def mark_warm(self) -> None:
         self.warm_compiles = compile_count()
+        debug = _debug_file()
+        self._warm_debug_offset = debug.stat().st_size if debug is not None and debug.exists() else 0
+        if self.mode == "openxla":
+            from torch._dynamo.utils import guard_failures
+
+            self.warm_graphs = dynamo_graphs()
+            self._warm_guard_failures = {code: len(reasons) for code, reasons in guard_failures.items()}
 
     def dump(self, directory: Path) -> list[Path]:
         # XLA writes every module it compiled there (XLA_FLAGS=--xla_dump_to, set by the backend's configure).
         return sorted(p for p in directory.glob("*.txt") if "module_" in p.name)
+
+
+def _debug_file() -> Path | None:
+    name = os.environ.get("PT_XLA_DEBUG_FILE")
+    return Path(name) if name else None
+
+
+_PREFIX = "Compilation Analysis: "
+_OWN_CODE = tuple(str(p.resolve()) for p in (Path(xbridge.__file__).parent, Path(__file__).parents[1]))
+
+
+def _outside_libraries(frame: str) -> bool:
+    """A frame line ``fn (/path/file.py:12)`` of code outside torch, torch_xla, the standard library and xbridge."""
+    match = re.search(r"\((.*):\d+\)$", frame)
+    if not match:
+        return False
+    path = match.group(1)
+    if path.startswith("<"):
+        return False
+    library = ("/site-packages/torch/", "/site-packages/torch_xla/", "/site-packages/functorch/")
+    if any(part in path for part in library) or ("/lib/python3" in path and "/site-packages/" not in path):
+        return False
+    return not str(Path(path).resolve()).startswith(_OWN_CODE)
+
+
+def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, str]]:
+    """torch_xla's compilation analysis records written after ``offset`` into ``path``: per compilation its cause,
+    graph name and the first Python frame outside the libraries (the user's line that forced it), if any.
+
+    A record, as torch_xla 2.9 writes it (lines prefixed ``Compilation Analysis: ``)::
+
+        Compilation Cause
+          most likely user code trying to access tensor value before torch_xla.sync
+        Graph Info:
+          Graph Name: xbridge-mlp
+          ...
+        Python Frame Triggered Execution:
+          loss (/path/prog.py:12)
+          ...
+        ----------
+    """
+    if path is None or not path.exists():
+        return []
+    with path.open("r", errors="replace") as f:
+        f.seek(offset)
+        lines = [line[len(_PREFIX):].rstrip() for line in f if line.startswith(_PREFIX)]
+    records: list[tuple[str, str, str]] = []
+    cause = graph = where = None
+    state = ""
+    for line in lines:
+        body = line.strip()
+        if body == "Compilation Cause":
+            cause, graph, where, state = "", "", "", "cause"
+        elif cause is None:
+            continue
+        elif state == "cause":
+            cause, state = body, ""
+        elif body.startswith("Graph Name:"):
+            graph = body.split(":", 1)[1].strip()
+        elif body.startswith("Python Frame Triggered Execution"):
+            state = "frames"
+        elif state == "frames" and body and not body.startswith(("---", "===")):
+            if not where and _outside_libraries(body):
+                where = body
+        elif body.startswith("---"):
+            records.append((cause, graph, where))
+            cause, state = None, ""
+    return records
