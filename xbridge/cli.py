@@ -68,6 +68,7 @@ def run(
     trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
     sharding_mode: Optional[str] = typer.Option(None, help="jax only: gspmd (default; jit with NamedSharding) or shard_map (explicit collectives)."),
     compile_mode: Optional[str] = typer.Option(None, help="inductor only: default, reduce-overhead or max-autotune (torch.compile's mode)."),
+    xla_mode: Optional[str] = typer.Option(None, help="xla only: lazy (default; torch_xla.compile traces the step as lazy tensors) or openxla (Dynamo captures the loss: torch.compile(backend=\"openxla\"))."),
     checkpoint_dir: Optional[Path] = typer.Option(None, help="Write checkpoints here: at the end, every --checkpoint-every steps and on Ctrl-C."),
     checkpoint_every: Optional[int] = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
     keep: int = typer.Option(3, help="Newest checkpoints kept in --checkpoint-dir."),
@@ -78,7 +79,8 @@ def run(
     """Run a program on one target and report per-step loss and step time."""
     from .runloop import RunOptions, run as run_program
 
-    backend_options = {k: v for k, v in (("sharding_mode", sharding_mode), ("compile_mode", compile_mode))
+    backend_options = {k: v for k, v in (("sharding_mode", sharding_mode), ("compile_mode", compile_mode),
+                                         ("xla_mode", xla_mode))
                        if v is not None}
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
