@@ -49,9 +49,9 @@ def _emit(record: Any, format: Format, human: Any) -> None:
         human(record)
 
 
-@app.command(epilog="Examples: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt\n\n"
-             "xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 --checkpoint-dir ckpt\n\n"
-             "xbridge run programs/gpt.py --backend xla-cpu --steps 200 --resume ckpt --checkpoint-dir ckpt")
+@app.command(epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt\n\n"
+             "Checkpoints: xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 --checkpoint-dir ckpt\n\n"
+             "Resume: xbridge run programs/gpt.py --backend xla-cpu --steps 200 --resume ckpt --checkpoint-dir ckpt")
 def run(
     program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
     backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
