@@ -35,7 +35,10 @@ def initial_weights(program: Program) -> dict[str, np.ndarray]:
 
 
 def tensor_to_numpy(value: torch.Tensor) -> np.ndarray:
-    """A host copy; floating tensors in float32 (exact for bf16 and fp16)."""
+    """A host copy; floating tensors in float32 (exact for bf16 and fp16). A DTensor (torch.distributed) is
+    gathered to its full value first: a collective, so every rank must call this in the same order."""
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
     value = value.detach().cpu()
     return (value.float() if value.is_floating_point() else value).numpy().copy()
 
@@ -177,7 +180,7 @@ class TrainStep:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if program.step.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), program.step.clip_grad_norm, foreach=False)
+            self.clip_gradients(program.step.clip_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
             self.scaler.update()
@@ -185,6 +188,10 @@ class TrainStep:
             self.optimizer_step()
         self.updates += 1
         return total
+
+    def clip_gradients(self, max_norm: float) -> None:
+        """Global-norm clipping (torch's formula); a sharded backend totals the norm over its ranks instead."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=False)
 
     @property
     def lr(self) -> float:

@@ -1,6 +1,7 @@
 """The Inductor backend: torch.compile of the loss (forward and backward) and of the optimizer update
-(``inductor-cpu``, ``inductor-cuda``). One process, one device for now: the multi-process torch.distributed path
-(FSDP2 and DTensor from the plan) is not implemented yet, and asking for it is refused with that reason."""
+(``inductor-cpu``, ``inductor-cuda``). One device runs in the xbridge process; ``--devices N`` runs N processes on
+torch.distributed (gloo on CPU, NCCL on CUDA) with the plan applied through FSDP2 and DTensor (distributed.py),
+started by the xbridge process itself or by torchrun (launch.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ class InductorBackend(TorchDeviceBackend):
     name = "inductor"
     extra = "inductor"
     options = ("compile_mode",)
-    sharded = False   # until the torch.distributed path exists: runs the program unsharded, like eager
+    sharded = True
 
     def device_count(self, device: str) -> int | None:
-        return 1   # one process, one device (the torch.distributed path is not implemented yet)
+        """CPU: any count (one process per device, like the other backends' virtual CPU devices); CUDA: the GPUs
+        torch sees here (one process each), or any count under torchrun, which places the processes itself."""
+        if device == "cuda" and "WORLD_SIZE" not in os.environ:
+            import torch
+
+            return torch.cuda.device_count()
+        return None
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Inductor's on-disk cache under the user's cache folder (kept between runs and tests), and its debug
@@ -41,6 +48,10 @@ class InductorBackend(TorchDeviceBackend):
         if mode not in COMPILE_MODES:
             raise ConfigError(f"--compile-mode {mode!r} is not a torch.compile mode; use one of "
                               f"{', '.join(COMPILE_MODES)}")
+        if plan.devices > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from .launch import DistributedExecutable
+
+            return DistributedExecutable(program, plan, target, mode)
         from .executable import InductorExecutable
 
         return InductorExecutable(program, plan, target, mode)

@@ -1,0 +1,78 @@
+"""A worker rank of the distributed Inductor executable: ``python -m xbridge.backends.inductor.worker FD``.
+
+Started by rank 0 (launch.py) with one end of a socket pair as file descriptor FD. It loads the same program file,
+applies rank 0's configuration, joins the process group, and then runs each call rank 0 sends (``launch.serve``),
+answering ``("ok", value)`` or ``("error", kind, message)``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from multiprocessing.connection import Connection
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this worker when rank 0's process ends, however it ends."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    conn = Connection(int(sys.argv[1]))
+    die_with_parent()
+    setup = conn.recv()
+    rank = setup["rank"]
+    debug_dir = os.environ.get("TORCH_COMPILE_DEBUG_DIR")
+    if debug_dir:   # --dump: each rank writes its graphs and generated code in its own folder
+        os.environ["TORCH_COMPILE_DEBUG_DIR"] = os.path.join(debug_dir, f"rank{rank}")
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        from xbridge.loader import load_program
+        from xbridge.program import Program
+
+        from .distributed import RankEngine, device_for, process_group_backend
+        from .launch import serve
+
+        source = load_program(f"{setup['file']}:{setup['attr']}")
+        program = Program.from_config(setup["config"], model=source.model, loss=source.loss)
+        if program.config_hash != setup["config_hash"]:
+            raise RuntimeError(f"the program rebuilt from {setup['file']} has config {program.config_hash}, rank 0 "
+                               f"has {setup['config_hash']}")
+        conn.send(("ok", None))   # start
+        timeout = datetime.timedelta(seconds=setup["timeout"])
+        store = dist.TCPStore("127.0.0.1", setup["port"], setup["world"], is_master=False, timeout=timeout)
+        dist.init_process_group(process_group_backend(setup["device"]), store=store, rank=rank,
+                                world_size=setup["world"], timeout=timeout)
+        engine = RankEngine(program, setup["plan"], device_for(setup["device"], rank), setup["mode"])
+        conn.send(("ok", None))   # setup
+    except BaseException as exc:
+        try:
+            text = str(exc).strip()
+            conn.send(("error", type(exc).__name__, text.splitlines()[0] if text else repr(exc)))
+        finally:
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+
+    def receive() -> object:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):   # rank 0 is gone
+            os._exit(1)
+
+    serve(engine, receive, conn.send)
+    dist.destroy_process_group()
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()
