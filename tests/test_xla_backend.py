@@ -135,7 +135,8 @@ def test_recompile_after_warmup_is_counted_with_its_cause(tmp_path, mode):
         assert summary["recompiles_after_warmup"] == 4
         assert "dynamo recompile x1: the loss: tensor 'batch['x']' size mismatch at index 0. expected 32, actual 64" \
             in reasons, reasons
-        assert "xla compile x2: dynamo is compiling a FX graph to HLO (graph 'xbridge-mlp')" in reasons, reasons
+        assert ("xla compile x2: dynamo is compiling a FX graph to HLO (graph 'xbridge-mlp', in torch_xla's Dynamo "
+                "bridge (extract_graph_helper))") in reasons, reasons
         assert "xla compile x1: torch_xla.compile (graph 'xbridge-mlp')" in reasons, reasons
     assert not any("no cause recorded" in line for line in reasons), reasons
 

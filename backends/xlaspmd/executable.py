@@ -226,7 +226,8 @@ class XlaExecutable(TorchTrainState):
         xla = compile_count() - self.warm_compiles
         records = compilation_records(_debug_file(), self._warm_debug_offset)
         for (cause, graph, where), count in Counter(records).items():
-            lines.append(f"xla compile x{count}: {cause} (graph {graph!r}{', at ' + where if where else ''})")
+            details = ", ".join(([f"graph {graph!r}"] if graph else []) + ([where] if where else []))
+            lines.append(f"xla compile x{count}: {cause}" + (f" ({details})" if details else ""))
         if xla > len(records):
             level = os.environ.get("PT_XLA_DEBUG_LEVEL", "0")
             lines.append(f"xla compile x{xla - len(records)}: no cause recorded by torch_xla (PT_XLA_DEBUG_LEVEL="
@@ -286,7 +287,8 @@ def _outside_libraries(frame: str) -> bool:
 
 def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, str]]:
     """torch_xla's compilation analysis records written after ``offset`` into ``path``: per compilation its cause,
-    graph name and the first Python frame outside the libraries (the user's line that forced it), if any.
+    graph name and where: the first Python frame outside the libraries (the user's line that forced it), else the
+    function of torch_xla's Dynamo bridge that did, else nothing.
 
     A record, as torch_xla 2.9 writes it (lines prefixed ``Compilation Analysis: ``)::
 
@@ -306,12 +308,12 @@ def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, 
         f.seek(offset)
         lines = [line[len(_PREFIX):].rstrip() for line in f if line.startswith(_PREFIX)]
     records: list[tuple[str, str, str]] = []
-    cause = graph = where = None
+    cause = graph = where = bridge = None
     state = ""
     for line in lines:
         body = line.strip()
         if body == "Compilation Cause":
-            cause, graph, where, state = "", "", "", "cause"
+            cause, graph, where, bridge, state = "", "", "", "", "cause"
         elif cause is None:
             continue
         elif state == "cause":
@@ -322,8 +324,10 @@ def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, 
             state = "frames"
         elif state == "frames" and body and not body.startswith(("---", "===")):
             if not where and _outside_libraries(body):
-                where = body
+                where = "at " + body
+            elif not bridge and "/torch_xla/_dynamo/" in body:
+                bridge = "in torch_xla's Dynamo bridge (" + body.split(" (")[0] + ")"
         elif body.startswith("---"):
-            records.append((cause, graph, where))
+            records.append((cause, graph, where or bridge))
             cause, state = None, ""
     return records
