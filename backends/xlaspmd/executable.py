@@ -9,11 +9,12 @@ modes, and compile counts (with their causes) from torch_xla's metrics and debug
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -130,6 +131,7 @@ class XlaExecutable(TorchTrainState):
         self.device = torch_xla.device()
         self.scaling = program.precision.loss_scale == "dynamic"
         self.warm_compiles = 0
+        self._export_compiles = 0
         self.warm_graphs = 0
         self._warm_debug_offset = 0
         self._warm_guard_failures: dict[Any, int] = {}
@@ -176,8 +178,24 @@ class XlaExecutable(TorchTrainState):
         return {"loss": float(loss.item()), "lr": lr}   # .item() waits for the device
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        torch_xla.sync()
-        return to_numpy_state(self.model)
+        with self._host_export():
+            torch_xla.sync()
+            return to_numpy_state(self.model)
+
+    def training_state(self) -> dict[str, np.ndarray]:
+        with self._host_export():
+            return super().training_state()
+
+    @contextlib.contextmanager
+    def _host_export(self) -> Iterator[None]:
+        """Copying sharded arrays to the host compiles XLA programs of its own (on 4 devices, a checkpoint of the
+        MLP: 12), which torch_xla records no cause for: they are not recompilations of the step, so the count
+        after warm-up leaves them out."""
+        before = compile_count()
+        try:
+            yield
+        finally:
+            self._export_compiles += compile_count() - before
 
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         """torch.optim's load_state_dict moves the state to the parameter's device but not its sharding: state
@@ -213,7 +231,7 @@ class XlaExecutable(TorchTrainState):
 
     def recompiles(self) -> int:
         """XLA compilations after warm-up; in openxla mode plus the graphs Dynamo captured again."""
-        count = compile_count() - self.warm_compiles
+        count = self._xla_recompiles()
         if self.mode == "openxla":
             count += dynamo_graphs() - self.warm_graphs
         return count
@@ -223,7 +241,7 @@ class XlaExecutable(TorchTrainState):
         compilation analysis (``PT_XLA_DEBUG_LEVEL=1``, set by the backend's configure) and, in openxla mode,
         Dynamo's guard failures."""
         lines = []
-        xla = compile_count() - self.warm_compiles
+        xla = self._xla_recompiles()
         records = compilation_records(_debug_file(), self._warm_debug_offset)
         for (cause, graph, where), count in Counter(records).items():
             details = ", ".join(([f"graph {graph!r}"] if graph else []) + ([where] if where else []))
@@ -233,8 +251,12 @@ class XlaExecutable(TorchTrainState):
             lines.append(f"xla compile x{xla - len(records)}: no cause recorded by torch_xla (PT_XLA_DEBUG_LEVEL="
                          f"{level}, PT_XLA_DEBUG_FILE={os.environ.get('PT_XLA_DEBUG_FILE', 'unset')})")
         if self.mode == "openxla":
-            lines += [f"dynamo recompile x{count}: {reason}" for reason, count in Counter(self._guard_failures()).items()]
+            failures = Counter(self._guard_failures())
+            lines += [f"dynamo recompile x{count}: {reason}" for reason, count in failures.items()]
         return lines
+
+    def _xla_recompiles(self) -> int:
+        return compile_count() - self.warm_compiles - self._export_compiles
 
     def _guard_failures(self) -> list[str]:
         from torch._dynamo.utils import guard_failures
@@ -249,6 +271,7 @@ class XlaExecutable(TorchTrainState):
 
     def mark_warm(self) -> None:
         self.warm_compiles = compile_count()
+        self._export_compiles = 0
         debug = _debug_file()
         self._warm_debug_offset = debug.stat().st_size if debug is not None and debug.exists() else 0
         if self.mode == "openxla":
