@@ -1,16 +1,46 @@
-"""The Inductor backend: compiled loss and optimizer update, parity with eager, no recompiles, dumps, modes."""
+"""The Inductor backend: compiled loss and optimizer update, parity with eager, no recompiles, dumps, modes; on
+several processes (torch.distributed): the batch layout, FSDP2 + DTensor on a 2-D mesh under torchrun with
+checkpoints crossing process counts and backends, and workers that die or hang.
+
+The parity matrix (both programs, fp32 and bf16-mixed, 1 and 2 processes) is in test_parity.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
-from xbridge import parity
-from xbridge.runloop import RunOptions, prepare, train
-from conftest import PROGRAMS, one_error_line, run_cli
+from xbridge import checkpoint, parity
+from xbridge.runloop import RunOptions, prepare, run, train
+from conftest import PROGRAMS, ROOT, one_error_line, run_cli
 
 pytestmark = pytest.mark.cli
+FAULT = str(ROOT / "tests" / "fixtures" / "inductor_fault.py")
+
+
+def error_line(proc):
+    """The one ``error:`` line of a run that got as far as compiling (torch's own warnings may precede it)."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _adamw_mlp(tmp_path):
+    """The MLP with AdamW, warm-up + cosine (a new lr every step), gradient accumulation and clipping."""
+    program_file = tmp_path / "prog.py"
+    program_file.write_text(
+        "import runpy\nimport xbridge as xb\n"
+        f"program = runpy.run_path({str(PROGRAMS / 'mlp.py')!r})['program'].replace(\n"
+        "    optimizer=xb.AdamW(lr=3e-3, weight_decay=0.1, schedule=xb.WarmupCosine(3, 10)),\n"
+        "    step=xb.StepOptions(grad_accum=2, clip_grad_norm=1.0))\n")
+    from xbridge.loader import load_program
+
+    return program_file, load_program(str(program_file))
 
 
 def _eager(program, steps):
@@ -21,15 +51,7 @@ def _eager(program, steps):
 @pytest.mark.slow
 def test_schedule_accumulation_and_clipping_compile_once(tmp_path):
     """AdamW with warm-up + cosine (a new lr every step), grad accumulation and clipping: one compilation."""
-    program_file = tmp_path / "prog.py"
-    program_file.write_text(
-        "import runpy\nimport xbridge as xb\n"
-        f"program = runpy.run_path({str(PROGRAMS / 'mlp.py')!r})['program'].replace(\n"
-        "    optimizer=xb.AdamW(lr=3e-3, weight_decay=0.1, schedule=xb.WarmupCosine(3, 10)),\n"
-        "    step=xb.StepOptions(grad_accum=2, clip_grad_norm=1.0))\n")
-    from xbridge.loader import load_program
-
-    program = load_program(str(program_file))
+    program_file, program = _adamw_mlp(tmp_path)
     ref_losses, ref_state = _eager(program, 8)
     proc = run_cli("run", str(program_file), "--backend", "inductor-cpu", "--steps", "8", "--format", "json",
                    "--save-state", str(tmp_path / "state.npz"), "--dump", str(tmp_path / "dump"))
@@ -45,10 +67,81 @@ def test_schedule_accumulation_and_clipping_compile_once(tmp_path):
     assert any(p.endswith("output_code.py") for p in result["dumped"]), result["dumped"][:5]
 
 
-def test_bad_compile_mode_and_devices():
+def test_bad_compile_mode_and_unsupported_layouts(tmp_path):
     proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "inductor-cpu", "--compile-mode", "fastest")
     assert proc.returncode == 2
     assert "--compile-mode 'fastest' is not a torch.compile mode" in one_error_line(proc)
-    proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "inductor-cpu", "--devices", "2")
-    assert proc.returncode == 2
-    assert "target inductor-cpu has 1 device(s) here, but --devices 2" in one_error_line(proc)
+    # refused before any worker starts: FSDP2 takes one data-parallel axis
+    program_file = tmp_path / "two_batch_axes.py"
+    program_file.write_text(
+        "import runpy\nimport xbridge as xb\n"
+        f"program = runpy.run_path({str(PROGRAMS / 'mlp.py')!r})['program'].replace(\n"
+        "    mesh=xb.Mesh(data=2, model=2), sharding=xb.Sharding(batch=(('data', 'model'),)))\n")
+    proc = run_cli("run", str(program_file), "--backend", "inductor-cpu", "--devices", "4")
+    assert proc.returncode == 1
+    assert "the batch is split over 2 mesh axes (data, model); FSDP2 takes one" in one_error_line(proc)
+
+
+def test_each_rank_takes_its_share_of_every_micro_batch():
+    """The layout the JAX and torch_xla backends give the batch: micro-batch m of the global batch (accumulation
+    splits dimension 0 into equal parts first), split over the data axis."""
+    from xbridge.backends.inductor.distributed import local_rows
+
+    batch = {"x": np.arange(16 * 3).reshape(16, 3), "y": np.arange(16)}
+    for accum, parts in [(1, 2), (2, 2), (2, 4), (4, 2)]:
+        pieces = [local_rows(batch, parts, i, accum) for i in range(parts)]
+        for key, value in batch.items():
+            micro = value.reshape(accum, -1, *value.shape[1:])        # jax: reshape(accum, B // accum, ...)
+            for i, piece in enumerate(pieces):
+                mine = piece[key].reshape(accum, -1, *value.shape[1:])
+                assert np.array_equal(mine, np.split(micro, parts, axis=1)[i])
+    assert local_rows(batch, 1, 0, 2) is batch
+
+
+@pytest.mark.slow
+def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp_path):
+    """eager (1 process) -> inductor on 4 processes under torchrun (data=2 x model=2: FSDP2's hybrid mode with
+    DTensor tensor parallelism, AdamW, a new lr every step, accumulation, clipping) -> eager again. The optimizer
+    state crosses both ways as full arrays under the eager names; losses follow an uninterrupted eager run."""
+    program_file, program = _adamw_mlp(tmp_path)
+    reference = [r["loss"] for r in run(program, "eager-cpu", RunOptions(steps=8, warmup=1))["steps"]]
+    first, second = tmp_path / "ck1", tmp_path / "ck2"
+    proc = run_cli("run", str(program_file), "--steps", "3", "--warmup", "1", "--checkpoint-dir", str(first))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "XBRIDGE_DEBUG": "0"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "xbridge",
+                           "run", str(program_file), "--backend", "inductor-cpu", "--devices", "4", "--mesh",
+                           "data=2,model=2", "--steps", "6", "--warmup", "1", "--resume", str(first),
+                           "--checkpoint-dir", str(second), "--format", "json"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    middle = json.loads(proc.stdout)                    # one document: only rank 0 reports
+    assert middle["start_step"] == 3 and middle["summary"]["recompiles_after_warmup"] == 0
+    fc1, out = middle["layout"]["fc1.weight"], middle["layout"]["out.weight"]
+    assert fc1["spec"] == "(data: R, model: S(0))" and fc1["shard_shapes"] == [[128, 64]] * 4
+    assert out["spec"] == "(data: R)" and out["shard_shapes"] == [[10, 256]] * 4
+    written = checkpoint.load(checkpoint.locate(second), program, allow_config_change=True)
+    eager_state = checkpoint.load(checkpoint.locate(first), program).train
+    assert sorted(written.train) == sorted(eager_state)            # the eager names, full arrays
+    assert all(written.train[k].shape == eager_state[k].shape for k in eager_state)
+    assert int(written.train["loop/updates"]) == 6
+    proc = run_cli("run", str(program_file), "--steps", "8", "--warmup", "1", "--resume", str(second),
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads(proc.stdout)
+    losses = [s["loss"] for s in middle["steps"] + last["steps"]]
+    tol = parity.tolerance("fp32")
+    assert parity.loss_deviation(reference[3:], losses, tol).ok, (losses, reference[3:])
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_or_hangs_is_named():
+    proc = run_cli("run", FAULT, "--backend", "inductor-cpu", "--devices", "2", "--steps", "3",
+                   env={"XBRIDGE_TEST_FAULT": "die-step"})
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "inductor rank 1 exited with code 7 during step" in line and "rank1.log" in line, line
+    proc = run_cli("run", FAULT, "--backend", "inductor-cpu", "--devices", "2", "--steps", "3",
+                   env={"XBRIDGE_TEST_FAULT": "hang-init", "XBRIDGE_DIST_TIMEOUT": "5"})
+    assert proc.returncode == 1
+    assert "inductor rank 1 did not answer init within 5 s (XBRIDGE_DIST_TIMEOUT)" in error_line(proc)

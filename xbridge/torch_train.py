@@ -227,7 +227,8 @@ class TrainStep:
         per_param: dict[int, dict[str, torch.Tensor]] = {}
         for index, param in enumerate(params):
             prefix = f"optim/{names[id(param)]}/"
-            entries = {key[len(prefix):]: torch.from_numpy(np.ascontiguousarray(value))
+            # np.ascontiguousarray makes a 0-d array 1-d (Adam's step count): keep the saved shape
+            entries = {key[len(prefix):]: torch.from_numpy(np.ascontiguousarray(value).reshape(np.shape(value)))
                        for key, value in state.items() if key.startswith(prefix)}
             if entries:
                 per_param[index] = entries
