@@ -93,6 +93,7 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--sharding-mode", "gspmd"], "target eager-cpu takes no --sharding-mode"),
     (["run", MLP, "--backend", "jax-cpu", "--sharding-mode", "pmap"], "--sharding-mode 'pmap' is not a jax sharding mode"),
     (["run", MLP, "--backend", "inductor-cpu", "--compile-mode", "fast"], "--compile-mode 'fast' is not a torch.compile mode"),
+    (["run", MLP, "--backend", "xla-cpu", "--xla-mode", "fast"], "--xla-mode 'fast' is not a torch_xla mode; use one of lazy, openxla"),
     (["run", MLP, "--init-state", "{ws}/nothere.npz"], "--init-state '{ws}/nothere.npz' does not exist"),
     (["run", MLP, "--init-state", "{ws}/other.npz"], "the weights do not belong to program 'mlp': 6 missing"),
     (["run", MLP, "--steps", "2", "--out", "{ws}/afile.txt"], "--out '{ws}/afile.txt' exists and is not a directory"),
