@@ -63,8 +63,25 @@ def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path):
     assert human.returncode == 1 and "killed by signal 9" in human.stdout
 
 
+def test_target_variants_race_two_ways_into_one_compiler(tmp_path):
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--backends", "xla-cpu,xla:xla-mode=openxla", "--steps", "5",
+                   "--warmup", "2", "--devices", "2", "--out", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["target"]: row for row in json.loads(proc.stdout)["targets"]}
+    assert list(rows) == ["eager-cpu", "xla-cpu", "xla-cpu:xla-mode=openxla"]
+    for label in ("xla-cpu", "xla-cpu:xla-mode=openxla"):
+        assert rows[label]["metrics"]["loss_parity"] is True and rows[label]["metrics"]["recompiles"] == 0
+        assert rows[label]["devices"] == 2
+    variant = json.loads((tmp_path / "runs" / "xla-cpu:xla-mode=openxla" / "run.json").read_text())
+    assert variant["target"] == "xla-cpu" and variant["backend_options"] == {"xla_mode": "openxla"}
+    assert json.loads((tmp_path / "runs" / "xla-cpu" / "run.json").read_text())["backend_options"] == {}
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--backends", "jax-cpu,foo-cpu"], "unknown target 'foo-cpu'"),
+    (["--backends", "xla-cpu:compile-mode=default"], "target variant 'xla-cpu:compile-mode=default': target xla-cpu "
+                                                      "takes no --compile-mode (it takes: --xla-mode)"),
+    (["--backends", "xla-cpu:openxla"], "target variant 'xla-cpu:openxla': 'openxla' is not OPTION=VALUE"),
     (["--steps", "3", "--warmup", "3"], "compare needs --steps >= 2 and 0 < --warmup < --steps"),
     (["--backends", "xla-cuda"], "target xla-cuda is unavailable: torch_xla 2.9 has no CUDA support"),
     (["--timeout", "0"], "--timeout must be > 0 seconds"),

@@ -101,7 +101,7 @@ def run(
 @app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out out/compare")
 def compare(
     program: str = typer.Argument(..., help="Program file."),
-    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets (default: every target available here; eager-cpu is always run as the reference)."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option (e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; eager-cpu is always run as the reference."),
     steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
     warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
     devices: int = typer.Option(1, help="Devices for sharded targets (eager always uses 1)."),
@@ -128,7 +128,7 @@ def compare(
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh data=-1,model=2 --bisect")
 def parity(
     program: str = typer.Argument(..., help="Program file."),
-    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets to check (default: every target available here)."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets to check, each optionally TARGET:OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla). Default: every target available here."),
     steps: int = typer.Option(20, help="Steps to compare."),
     devices: int = typer.Option(1, help="Devices for sharded targets."),
     precision: Optional[str] = typer.Option(None, help="Override the precision (the reference runs it too; the fp32 deviation is reported as well)."),

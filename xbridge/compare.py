@@ -46,8 +46,27 @@ def available_targets() -> list[str]:
     return sorted(rows, key=lambda t: (t != REFERENCE, t))
 
 
+def split_variant(entry: str) -> tuple[str, list[str]]:
+    """``TARGET[:OPTION=VALUE...]`` (e.g. ``xla-cpu:xla-mode=openxla``) -> the target and its ``run`` flags, so
+    one compare can race two ways of reaching the same compiler. Options are checked against the backend's."""
+    target_text, *parts = entry.split(":")
+    target, backend = registry.resolve(target_text)
+    args: list[str] = []
+    for part in parts:
+        name, sep, value = part.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"target variant {entry!r}: {part!r} is not OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla)")
+        if name.replace("-", "_") not in backend.options:
+            raise ConfigError(f"target variant {entry!r}: target {target} takes no --{name} (it takes: "
+                              f"{', '.join('--' + o.replace('_', '-') for o in backend.options) or 'no options'})")
+        args += [f"--{name}", value]
+    return str(target), args
+
+
 def resolve_targets(requested: list[str] | None) -> list[str]:
-    targets = available_targets() if not requested else [str(registry.resolve(t)[0]) for t in requested]
+    targets = available_targets()
+    if requested:   # canonical target names, variants kept: "xla:xla-mode=openxla" -> "xla-cpu:xla-mode=openxla"
+        targets = [":".join([split_variant(entry)[0], *entry.split(":")[1:]]) for entry in requested]
     seen = list(dict.fromkeys(targets))
     if REFERENCE not in seen:
         seen.insert(0, REFERENCE)     # the baseline of loss parity
@@ -55,8 +74,10 @@ def resolve_targets(requested: list[str] | None) -> list[str]:
 
 
 def worker_command(program_ref: str, target: str, options: CompareOptions, devices: int, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "xbridge", "run", program_ref, "--backend", target, "--steps", str(options.steps),
-           "--warmup", str(options.warmup), "--devices", str(devices), "--format", "json", "--out", str(out)]
+    target_text, variant = split_variant(target)
+    cmd = [sys.executable, "-m", "xbridge", "run", program_ref, "--backend", target_text, *variant, "--steps",
+           str(options.steps), "--warmup", str(options.warmup), "--devices", str(devices), "--format", "json",
+           "--out", str(out)]
     if options.precision:
         cmd += ["--precision", options.precision]
     if options.mesh:
@@ -70,7 +91,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 def run_target(program_ref: str, target: str, options: CompareOptions, out: Path) -> dict[str, Any]:
     """One target in a fresh interpreter; a failure, a timeout or a kill becomes the row's status."""
-    _, backend = registry.resolve(target)
+    _, backend = registry.resolve(split_variant(target)[0])
     devices = options.devices if backend.sharded else 1
     cmd = worker_command(program_ref, target, options, devices, out / target)
     row: dict[str, Any] = {"target": target, "devices": devices, "command": cmd}

@@ -179,8 +179,9 @@ def print_compare(record: dict[str, Any]) -> None:
                         f"config {record['config_hash']}")
     columns = ("target", "status", "compile s", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
                "peak RSS", "recompiles", "final loss", "max loss dev")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("target", "status") else "right")
+    for col in columns:   # a target variant (xla-cpu:xla-mode=openxla) wraps rather than being cut short
+        table.add_column(col, justify="left" if col in ("target", "status") else "right",
+                         overflow="fold" if col == "target" else "ellipsis")
     for row in record["targets"]:
         if row["status"] != "ok":
             first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""

@@ -250,6 +250,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         "config": program.config(),
         "config_hash": program.config_hash,
         "target": str(target),
+        "backend_options": dict(options.backend_options),
         "precision": program.precision.name,
         "devices": options.devices,
         "mesh": dict(plan.mesh),
