@@ -23,8 +23,12 @@ def die_with_parent() -> None:
 
 
 def main() -> None:
+    import signal
+
     conn = Connection(int(sys.argv[1]))
     die_with_parent()
+    # Ctrl-C reaches the whole process group: rank 0 decides (it finishes the step, checkpoints, then stops us)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup = conn.recv()
     rank = setup["rank"]
     debug_dir = os.environ.get("TORCH_COMPILE_DEBUG_DIR")
