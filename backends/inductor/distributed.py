@@ -126,7 +126,8 @@ def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh
                 raise LoweringError(f"parameter {full!r} is tied to another parameter and has a {axis!r} rule; the "
                                     "torch.distributed path cannot split a shared parameter across modules")
         if any(p.numel() for c in module.children() for p in c.parameters()):
-            raise LoweringError(f"parameter {owner + '.' if owner else ''}{entries[0][0]!r} has a {axis!r} rule, but "
+            first = f"{owner}.{entries[0][0]}" if owner else entries[0][0]
+            raise LoweringError(f"parameter {first!r} has a {axis!r} rule, but "
                                 f"its module {owner or '<root>'} ({type(module).__name__}) also runs submodules "
                                 "with parameters; the torch.distributed path splits a module's own computation "
                                 "(DTensor), so move the parameter into a leaf module or drop the rule")

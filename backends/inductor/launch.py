@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -169,6 +170,7 @@ class SpawnedPeers:
     def __init__(self, setup: dict[str, Any], world: int, timeout: float) -> None:
         self.timeout = timeout
         self.logs = Path(tempfile.mkdtemp(prefix="xbridge-inductor-"))
+        self.failed = False   # a failure names a worker's log: keep the logs then
         self.workers = [self._spawn(rank, setup) for rank in range(1, world)]
 
     def _spawn(self, rank: int, setup: dict[str, Any]) -> Worker:
@@ -189,9 +191,18 @@ class SpawnedPeers:
             try:
                 worker.conn.send((name, args))
             except OSError:
-                raise worker.failure(name) or RunError(f"inductor rank {worker.rank} is gone ({name})") from None
+                self.failed = True
+                raise worker.failure(name) or RunError(f"inductor rank {worker.rank} is gone ({name}); its log: "
+                                                       f"{worker.log}") from None
 
     def _reply(self, worker: Worker, call: str) -> Any:
+        try:
+            return self._receive(worker, call)
+        except Exception:
+            self.failed = True
+            raise
+
+    def _receive(self, worker: Worker, call: str) -> Any:
         deadline = time.monotonic() + self.timeout
         while not worker.conn.poll(0.05):
             failure = worker.failure(call)
@@ -226,6 +237,7 @@ class SpawnedPeers:
                         return exc
                 failure = worker.failure(call)
                 if failure is not None:
+                    self.failed = True
                     return failure
             if time.monotonic() > deadline:
                 return None
@@ -246,6 +258,8 @@ class SpawnedPeers:
                 worker.process.wait()
             worker.log_file.close()
             worker.conn.close()
+        if not kill and not self.failed:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
 
 class TorchrunPeers:
@@ -349,6 +363,9 @@ class DistributedExecutable:
         """Rank 0's part of a call; a failure caused by another rank is reported as that rank's."""
         try:
             return local()
+        except errors.XBridgeError:   # rank 0's own verdict on the program (every rank reaches the same)
+            self.close(kill=True)
+            raise
         except Exception as exc:
             failure = self.peers.failure(call)
             self.close(kill=True)
