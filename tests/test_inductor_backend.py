@@ -80,6 +80,17 @@ def test_bad_compile_mode_and_unsupported_layouts(tmp_path):
     proc = run_cli("run", str(program_file), "--backend", "inductor-cpu", "--devices", "4")
     assert proc.returncode == 1
     assert "the batch is split over 2 mesh axes (data, model); FSDP2 takes one" in one_error_line(proc)
+    # refused at init on every rank (rank 0's own error is reported, and the workers are stopped)
+    program_file = tmp_path / "root_rule.py"
+    program_file.write_text(
+        "import runpy\nimport xbridge as xb\n"
+        f"program = runpy.run_path({str(PROGRAMS / 'gpt.py')!r})['program'].replace(\n"
+        "    sharding=xb.Sharding(params={'pos': (None, 'model')}, batch=('data',)))\n")
+    proc = run_cli("run", str(program_file), "--backend", "inductor-cpu", "--devices", "2", "--mesh",
+                   "data=1,model=2")
+    assert proc.returncode == 1
+    assert ("parameter 'pos' has a 'model' rule, but its module <root> (GPT) also runs submodules with parameters"
+            in one_error_line(proc))
 
 
 def test_each_rank_takes_its_share_of_every_micro_batch():
