@@ -40,7 +40,7 @@ from xbridge.errors import LoweringError
 from xbridge.planning import ShardingPlan
 from xbridge.program import Program
 from xbridge.sharding import spec_axes
-from xbridge.torch_train import TrainStep, batch_to_torch, build_model, tensor_to_numpy
+from xbridge.torch_train import TrainStep, batch_to_torch, build_model, tensor_to_numpy, tied_groups
 
 UNSHARDED_AXIS = "_fsdp_shard"   # the size-1 shard dimension of FSDP2's hybrid mode (parameters replicated)
 
@@ -73,12 +73,10 @@ class MeshRoles:
         # the torch mesh: the batch axis first (FSDP2 slices its data-parallel and tensor-parallel dimensions from
         # one root mesh in order), the size-1 shard axis of the hybrid mode after it, then the other plan axes
         names = ([self.batch] if self.batch else []) + [a for a in sizes if a != self.batch]
-        self.shape = {a: sizes[a] for a in names}
+        shape = [(a, sizes[a]) for a in names]
         if self.batch and not self.fsdp:
-            position = 1
-            self.shape = dict(list(self.shape.items())[:position] + [(UNSHARDED_AXIS, 1)]
-                              + list(self.shape.items())[position:])
-        self.sizes = sizes
+            shape.insert(1, (UNSHARDED_AXIS, 1))
+        self.shape = dict(shape)
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
         return init_device_mesh(device_type, tuple(self.shape.values()), mesh_dim_names=tuple(self.shape))
@@ -116,7 +114,7 @@ def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh
                                     "the torch.distributed path takes one axis per dimension")
             owner, _, attr = name.rpartition(".")
             owners.setdefault(owner, []).append((attr, dims[0]))
-    tied = {n for group in _tied(model) for n in group}
+    tied = {n for group in tied_groups(model) for n in group}
     submesh = mesh[axis]
     for owner, entries in owners.items():
         module = model.get_submodule(owner) if owner else model
@@ -138,8 +136,9 @@ def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh
                 return
             for attr, param in list(sub.named_parameters(recurse=False)):
                 placement = [Shard(sharded[attr])] if attr in sharded else [Replicate()]
-                sub.register_parameter(attr, torch.nn.Parameter(distribute_tensor(param.data, device_mesh, placement, src_data_rank=None),
-                                                                requires_grad=param.requires_grad))
+                # every rank holds the same full weights: each keeps its piece, no scatter from rank 0
+                value = distribute_tensor(param.data, device_mesh, placement, src_data_rank=None)
+                sub.register_parameter(attr, torch.nn.Parameter(value, requires_grad=param.requires_grad))
             for attr, buffer in list(sub.named_buffers(recurse=False)):
                 sub.register_buffer(attr, distribute_tensor(buffer, device_mesh, [Replicate()], src_data_rank=None))
 
@@ -158,13 +157,6 @@ def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh
         module.register_forward_pre_hook(enter, with_kwargs=True)
         module.register_forward_hook(leave)
     return list(owners)
-
-
-def _tied(model: torch.nn.Module) -> list[list[str]]:
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
 
 
 class ShardedGradScaler(torch.amp.GradScaler):
