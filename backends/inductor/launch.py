@@ -307,6 +307,8 @@ def torchrun_worker(engine: RankEngine, group: Any) -> None:
 
 # ---------------------------------------------------------------------- the executable
 
+_live: list["DistributedExecutable"] = []   # the spawned run of this process that owns the default group
+
 class DistributedExecutable:
     """The Executable protocol over N processes (see the module docstring). Results are rank 0's; every rank
     computes the same loss, and each step checks that they agree."""
@@ -345,11 +347,14 @@ class DistributedExecutable:
         else:
             self.owns_group = True
             file, attr = program_source(program)
+            if _live and _live[-1] is not self:   # one default process group per process: retire the last run's
+                _live[-1].close()
             store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=pg_timeout)
             setup = {"world": world, "port": store.port, "file": file, "attr": attr, "config": program.config(),
                      "config_hash": program.config_hash, "plan": plan, "device": target.device, "mode": mode,
                      "timeout": self.timeout}
             self.peers = SpawnedPeers(setup, world, self.timeout)
+            _live.append(self)
             atexit.register(self.close)
             self.peers.replies("start")      # every worker loaded the program and is joining the group
             with quiet_stdout():
@@ -391,7 +396,9 @@ class DistributedExecutable:
             return
         self._closed = True
         self.peers.close(kill)
-        if self.owns_group and dist.is_initialized() and not kill:
+        if self in _live:
+            _live.remove(self)
+        if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ the Executable protocol
