@@ -144,12 +144,17 @@ def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_progra
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", MLP, "--steps", "100000", "--checkpoint-dir",
                              str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "XBRIDGE_DEBUG": "0"})
-    deadline = time.monotonic() + 300
-    while not (ck / "step-00000003").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(step >= 3 for step, _ in checkpoint.list_checkpoints(ck)):   # --keep 2 prunes old ones
+            assert proc.poll() is None and time.monotonic() < deadline, "no third checkpoint"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     error = [line for line in stderr.splitlines() if line.startswith("error: ")]
