@@ -40,7 +40,8 @@ from xbridge.errors import LoweringError
 from xbridge.planning import ShardingPlan
 from xbridge.program import Program
 from xbridge.sharding import spec_axes
-from xbridge.torch_train import TrainStep, batch_to_torch, build_model, tensor_to_numpy, tied_groups
+from xbridge.torch_train import (TorchTrainState, TrainStep, batch_to_torch, build_model, tensor_to_numpy,
+                                 tied_groups)
 
 UNSHARDED_AXIS = "_fsdp_shard"   # the size-1 shard dimension of FSDP2's hybrid mode (parameters replicated)
 
@@ -224,7 +225,7 @@ class DistributedTrainStep(TrainStep):
                                                      src_data_rank=None)
 
 
-class RankEngine:
+class RankEngine(TorchTrainState):
     """One rank of the distributed executable. Every method is called on every rank in the same order (the
     collectives inside them line up); results that differ by rank are gathered so that each rank returns the
     same value."""
@@ -288,15 +289,6 @@ class RankEngine:
                 seen[id(value)] = tensor_to_numpy(value)
             out[name] = seen[id(value)]
         return out
-
-    def training_state(self) -> dict[str, np.ndarray]:
-        return self.train_step.export_state()
-
-    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
-        self.train_step.import_state(state)
-
-    def nonfinite_grads(self) -> list[str]:
-        return self.train_step.nonfinite_grads()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every rank runs the forward on the whole batch (FSDP2 gathers the parameters, DTensor modules return
