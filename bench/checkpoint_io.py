@@ -27,9 +27,9 @@ TARGET = {"eager": "eager-cpu", "inductor": "inductor-cpu", "jax": "jax-cpu", "x
 
 
 def child(program_path: str, backend: str, rounds: int) -> dict:
-    from xbridge import checkpoint
-    from xbridge.loader import load_program
-    from xbridge.runloop import RunOptions, prepare
+    from xbridge.run import checkpoint
+    from xbridge.program_file import load_program
+    from xbridge.run.loop import RunOptions, prepare
 
     program = load_program(program_path)
     prepared = prepare(program, TARGET[backend], RunOptions(steps=2, warmup=1))

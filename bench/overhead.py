@@ -28,9 +28,9 @@ def child(program_path: str, backend: str, rounds: int, per_round: int, precisio
     sys.path.insert(0, str(HERE))
     from native_loops import NATIVE, TARGET
 
-    from xbridge.loader import load_program
-    from xbridge.runloop import RunOptions, prepare
-    from xbridge.torch_train import initial_weights
+    from xbridge.program_file import load_program
+    from xbridge.run.loop import RunOptions, prepare
+    from xbridge.weights import initial_weights
 
     program = load_program(program_path)
     if precision:

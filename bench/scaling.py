@@ -26,9 +26,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "scaling"))
     args = parser.parse_args()
 
-    from xbridge.compare import CompareOptions, run_target, summarize
-    from xbridge.flops import flops_per_step
-    from xbridge.loader import load_program
+    from xbridge.compare.job import CompareOptions, metrics_of
+    from xbridge.run.isolated import run_target
+    from xbridge.compare.flops import flops_per_step
+    from xbridge.program_file import load_program
 
     out = Path(args.out)
     targets = [t.strip() for t in args.backends.split(",") if t.strip()]
@@ -38,23 +39,23 @@ def main() -> None:
         for layers in [int(n) for n in args.layers.split(",")]:
             os.environ["XB_SCALING_DIM"], os.environ["XB_SCALING_LAYERS"] = str(dim), str(layers)
             program = load_program(str(HERE / "scaling_gpt.py"))
-            runs = [run_target(str(HERE / "scaling_gpt.py"), t, options, out / "runs" / f"d{dim}-l{layers}")
+            runs = [run_target(str(HERE / "scaling_gpt.py"), t, options.child(), out / "runs" / f"d{dim}-l{layers}")
                     for t in targets]
             flops = flops_per_step(program)
-            summarize(program, runs, flops)
+            metrics = metrics_of(program, runs, flops)
             for run in runs:
-                row = {"dim": dim, "layers": layers, "target": run["target"], "status": run["status"],
+                row = {"dim": dim, "layers": layers, "target": run.target, "status": run.status,
                        "gflop_per_step": flops / 1e9}
-                if run["status"] == "ok":
-                    m = run["metrics"]
-                    row |= {"compile_s": m["compile_s"], "step_ms": m["step_ms_median"], "mfu": m["mfu"],
-                            "loss_parity": m.get("loss_parity")}
+                m = metrics.get(run.target)
+                if m is not None:
+                    row |= {"compile_s": m.compile_s, "step_ms": m.step_ms_median, "mfu": m.mfu,
+                            "loss_parity": m.loss_parity}
                 else:
-                    row["error"] = run["error"].splitlines()[0]
+                    row["error"] = (run.error or "").splitlines()[0]
                 rows.append(row)
-                print(f"d={dim:4d} L={layers:2d} {run['target']:10s} {row['gflop_per_step']:7.2f} GFLOP "
+                print(f"d={dim:4d} L={layers:2d} {run.target:10s} {row['gflop_per_step']:7.2f} GFLOP "
                       + (f"compile {row['compile_s']:6.2f} s  step {row['step_ms']:8.1f} ms  MFU {100 * row['mfu']:5.1f}%"
-                         if run["status"] == "ok" else row["error"]), flush=True)
+                         if m is not None else row["error"]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps({"rows": rows, "steps": args.steps}, indent=2))
 

@@ -1,9 +1,8 @@
-"""Shared fixtures: a tiny GPT and MLP built in-test (fast), the shipped programs, and a CLI runner."""
+"""Shared fixtures: a tiny GPT and MLP built in-test (fast) and the shipped programs (helpers.py has the rest)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,37 +13,19 @@ import pytest
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAMS = ROOT / "programs"
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``xbridge ARGS`` in a fresh interpreter, as a user would."""
-    full_env = {**os.environ, "XBRIDGE_DEBUG": "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "xbridge", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or ROOT, timeout=timeout)
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    """The single ``error:`` line a bad input must produce (and nothing that looks like a traceback)."""
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
+from helpers import PROGRAMS
 
 
 @pytest.fixture(scope="session")
 def gpt_program():
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     return load_program(str(PROGRAMS / "gpt.py"))
 
 
 @pytest.fixture(scope="session")
 def mlp_program():
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     return load_program(str(PROGRAMS / "mlp.py"))
 

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 
 pytestmark = pytest.mark.cli
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -39,7 +39,7 @@ def _rewrite(step_dir, change):
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, mlp_program):
-    from xbridge.runloop import RunOptions, run
+    from xbridge.run.loop import RunOptions, run
 
     ws = tmp_path_factory.mktemp("workspace")
     run(mlp_program, "eager-cpu", RunOptions(steps=4, warmup=1, checkpoint_dir=ws / "ck", checkpoint_every=2))
@@ -91,11 +91,13 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--format", "yaml"], "Invalid value for '--format'"),
     (["run", MLP, "--stesp", "3"], "No such option: --stesp"),
     (["run", MLP, "--sharding-mode", "gspmd"], "target eager-cpu takes no --sharding-mode"),
-    (["run", MLP, "--backend", "jax-cpu", "--sharding-mode", "pmap"], "--sharding-mode 'pmap' is not a jax sharding mode"),
-    (["run", MLP, "--backend", "inductor-cpu", "--compile-mode", "fast"], "--compile-mode 'fast' is not a torch.compile mode"),
-    (["run", MLP, "--backend", "xla-cpu", "--xla-mode", "fast"], "--xla-mode 'fast' is not a torch_xla mode; use one of lazy, openxla"),
+    (["run", MLP, "--backend", "jax-cpu", "--sharding-mode"], "option --sharding-mode needs a value (gspmd, shard_map)"),
+    (["run", MLP, "--backend", "jax-cpu", "--shardng-mode", "gspmd"], "No such option: --shardng-mode. Did you mean --sharding-mode?"),
+    (["run", MLP, "--backend", "jax-cpu", "--sharding-mode", "pmap"], "--sharding-mode 'pmap' is not a choice of target jax-cpu; use one of gspmd, shard_map"),
+    (["run", MLP, "--backend", "inductor-cpu", "--compile-mode", "fast"], "--compile-mode 'fast' is not a choice of target inductor-cpu; use one of default, reduce-overhead, max-autotune"),
+    (["run", MLP, "--backend", "xla-cpu", "--xla-mode", "fast"], "--xla-mode 'fast' is not a choice of target xla-cpu; use one of lazy, openxla"),
     (["run", MLP, "--init-state", "{ws}/nothere.npz"], "--init-state '{ws}/nothere.npz' does not exist"),
-    (["run", MLP, "--init-state", "{ws}/other.npz"], "the weights do not belong to program 'mlp': 6 missing"),
+    (["run", MLP, "--init-state", "{ws}/other.npz"], "the --init-state file is missing tensor 'fc1.weight' of program 'mlp'"),
     (["run", MLP, "--steps", "2", "--out", "{ws}/afile.txt"], "--out '{ws}/afile.txt' exists and is not a directory"),
     (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
     # meshes and sharding rules

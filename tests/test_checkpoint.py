@@ -15,18 +15,19 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from xbridge import checkpoint, parity
+from xbridge.parity import policy as parity
+from xbridge.run import checkpoint
 from xbridge.errors import CheckpointError, RunError
-from xbridge.report import read_npz
-from xbridge.runloop import RunOptions, run
-from conftest import PROGRAMS, ROOT, one_error_line, run_cli
+from xbridge.files import read_npz
+from xbridge.run.loop import RunOptions, run
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 
 MLP = str(PROGRAMS / "mlp.py")
 DIVERGES = str(ROOT / "tests" / "fixtures" / "diverges.py")
 
 
 def losses(result):
-    return [s["loss"] for s in result["steps"]]
+    return result.losses if hasattr(result, "losses") else [s["loss"] for s in result["steps"]]
 
 
 def sha(path):
@@ -37,7 +38,7 @@ def test_format_is_safetensors_and_a_manifest(tmp_path, mlp_program):
     result = run(mlp_program, "eager-cpu", RunOptions(steps=5, warmup=1, checkpoint_dir=tmp_path / "ck",
                                                       checkpoint_every=2, keep=2))
     # every 2 steps and at the end; --keep 2 leaves the newest two
-    assert result["checkpoints"] == [str(tmp_path / "ck" / f"step-{s:08d}") for s in (2, 4, 5)]
+    assert result.checkpoints == [str(tmp_path / "ck" / f"step-{s:08d}") for s in (2, 4, 5)]
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path / "ck")] == [4, 5]
     path = tmp_path / "ck" / "step-00000005"
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "model.safetensors", "train.safetensors"]
@@ -72,8 +73,8 @@ def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, device
     first = run(program, target, RunOptions(steps=5, checkpoint_dir=tmp_path / "ck", checkpoint_every=3, **common))
     rest = run(program, target, RunOptions(steps=8, resume=tmp_path / "ck", state_out=tmp_path / "rest.npz",
                                            **common))
-    assert rest["start_step"] == 5 and rest["resumed_from"] == str(tmp_path / "ck" / "step-00000005")
-    assert [s["step"] for s in rest["steps"]] == [5, 6, 7]
+    assert rest.start_step == 5 and rest.resumed_from == str(tmp_path / "ck" / "step-00000005")
+    assert [s.step for s in rest.steps] == [5, 6, 7]
     assert losses(first) + losses(rest) == losses(full)          # bit for bit
     a, b = read_npz(tmp_path / "full.npz", "full"), read_npz(tmp_path / "rest.npz", "rest")
     assert all(np.array_equal(a[n], b[n]) for n in a)
@@ -93,7 +94,7 @@ def test_adamw_state_crosses_from_eager_to_jax_on_another_mesh(tmp_path, tiny_gp
     sharded = tiny_gpt.replace(mesh=xb.Mesh(data=-1, model=2))
     resumed = run(sharded, "jax-cpu", RunOptions(steps=8, warmup=1, devices=4, resume=tmp_path / "ck"))
     _within_policy(losses(resumed), reference, tiny_gpt)
-    q = resumed["layout"]["blocks.0.q.weight"]
+    q = resumed.layout["blocks.0.q.weight"]
     assert q["spec"] == "PartitionSpec('model', None)" and q["shard_shapes"][0] == [16, 32]
 
 
@@ -124,7 +125,8 @@ KILL_PHASES = ["tmp-created", "model-half", "model-written", "train-half", "mani
 def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, phase, mlp_program):
     ck = tmp_path / "ck"
     args = ("run", MLP, "--steps", "6", "--checkpoint-every", "2", "--checkpoint-dir", str(ck))
-    killed = run_cli(*args, env={checkpoint.KILL_ENV: f"{phase}@2"})     # during the save of step 4
+    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "fixtures" / "kill_during_save.py"), f"{phase}@2",
+                             *args], capture_output=True, text=True, cwd=ROOT, timeout=600)   # the save of step 4
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     latest = checkpoint.locate(ck)
     expected = 4 if phase == "renamed" else 2
@@ -172,7 +174,7 @@ def test_nan_loss_names_the_step_and_gradient_and_keeps_the_last_good_checkpoint
     assert line.startswith("error: loss became nan at step 6 on eager-cpu; first non-finite gradient: "
                            "'fc1.weight' (6 parameter(s) in all); the last good checkpoint is "), line
     assert str(ck / "step-00000006") in line
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     good = checkpoint.load(ck / "step-00000006", load_program(DIVERGES))
     assert all(np.isfinite(a).all() for a in good.weights.values())
@@ -202,4 +204,4 @@ def test_allow_config_change_loads_another_config(tmp_path, mlp_program):
     with pytest.raises(CheckpointError, match="belongs to another program config .* pass --allow-config-change"):
         run(changed, "eager-cpu", RunOptions(steps=4, warmup=1, resume=tmp_path / "ck"))
     result = run(changed, "eager-cpu", RunOptions(steps=4, warmup=1, resume=tmp_path / "ck", allow_config_change=True))
-    assert result["start_step"] == 2 and result["config_changes"] == ["optimizer"]
+    assert result.start_step == 2 and result.config_changes == ["optimizer"]

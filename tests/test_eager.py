@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import xbridge as xb
-from xbridge import registry
+from xbridge.backend import registry
 from xbridge.errors import BackendUnavailable, PlanError
-from xbridge.runloop import RunOptions, run
-from xbridge.torch_train import initial_weights
+from xbridge.run.loop import RunOptions, run
+from xbridge.weights import initial_weights
 
 
 def lower(program, devices=1):
@@ -47,30 +47,30 @@ def test_state_dict_round_trips_the_initial_weights(tiny_gpt):
 def test_runs_are_bitwise_deterministic(tiny_gpt):
     a = run(tiny_gpt, "eager-cpu", RunOptions(steps=4, warmup=1))
     b = run(tiny_gpt, "eager-cpu", RunOptions(steps=4, warmup=1))
-    assert [r["loss"] for r in a["steps"]] == [r["loss"] for r in b["steps"]]
+    assert a.losses == b.losses
     c = run(tiny_gpt.replace(seed=3), "eager-cpu", RunOptions(steps=4, warmup=1))
-    assert [r["loss"] for r in c["steps"]] != [r["loss"] for r in a["steps"]]
+    assert c.losses != a.losses
 
 
 def test_run_record(tiny_gpt):
     result = run(tiny_gpt, "eager-cpu", RunOptions(steps=5, warmup=2))
-    assert result["target"] == "eager-cpu" and result["config_hash"] == tiny_gpt.config_hash
-    assert [r["step"] for r in result["steps"]] == [0, 1, 2, 3, 4]
-    s = result["summary"]
-    assert s["timed_steps"] == 3 and s["warmup_steps"] == 2 and s["recompiles_after_warmup"] == 0
-    timed = sorted(r["time_s"] for r in result["steps"][2:])
-    assert s["step_time_median_s"] == pytest.approx(timed[1])
-    assert s["samples_per_s"] == pytest.approx(8 / timed[1])
-    assert s["tokens_per_s"] == pytest.approx(8 * 33 / timed[1])
-    assert result["versions"]["torch"] == torch.__version__
+    assert result.target == "eager-cpu" and result.config_hash == tiny_gpt.config_hash
+    assert [r.step for r in result.steps] == [0, 1, 2, 3, 4]
+    s = result.summary
+    assert s.timed_steps == 3 and s.warmup_steps == 2 and s.recompiles_after_warmup == 0
+    timed = sorted(r.time_s for r in result.steps[2:])
+    assert s.step_time_median_s == pytest.approx(timed[1])
+    assert s.samples_per_s == pytest.approx(8 / timed[1])
+    assert s.tokens_per_s == pytest.approx(8 * 33 / timed[1])
+    assert result.versions["torch"] == torch.__version__
     # the lr of each step follows the schedule (warm-up of 3 then cosine to 50)
-    lrs = [r["lr"] for r in result["steps"]]
+    lrs = [r.metrics["lr"] for r in result.steps]
     assert lrs == pytest.approx([1e-2 * tiny_gpt.optimizer.schedule.factor(t) for t in range(5)], rel=1e-12)
 
 
 def test_mlp_learns_digits(mlp_program):
     result = run(mlp_program, "eager-cpu", RunOptions(steps=100, warmup=2))
-    losses = [r["loss"] for r in result["steps"]]
+    losses = result.losses
     assert losses[0] == pytest.approx(np.log(10), rel=0.1)          # an untrained 10-way classifier
     assert np.mean(losses[-10:]) < 0.25 * losses[0]
 
@@ -78,7 +78,7 @@ def test_mlp_learns_digits(mlp_program):
 @pytest.mark.slow
 def test_shipped_gpt_loss_falls_clearly(gpt_program):
     result = run(gpt_program, "eager-cpu", RunOptions(steps=40, warmup=2))
-    losses = [r["loss"] for r in result["steps"]]
+    losses = result.losses
     assert losses[0] == pytest.approx(np.log(256), rel=0.05)         # uniform over 256 bytes
     assert np.mean(losses[-5:]) < 3.2                                  # measured: about 2.55 at step 40
 
@@ -172,12 +172,12 @@ def test_eager_runs_on_one_device_only(tiny_gpt):
 
 def test_dump_writes_the_module_tree(tiny_gpt, tmp_path):
     result = run(tiny_gpt, "eager-cpu", RunOptions(steps=1, warmup=0, dump=tmp_path))
-    assert result["dumped"] == [str(tmp_path / "eager_module.txt")]
+    assert result.dumped == [str(tmp_path / "eager_module.txt")]
     assert "Block(" in (tmp_path / "eager_module.txt").read_text()
 
 
 def test_flops_per_step_is_exact_for_the_mlp(mlp_program):
-    from xbridge.flops import flops_per_step
+    from xbridge.compare.flops import flops_per_step
 
     weights = 64 * 256 + 256 * 256 + 256 * 10
     batch = mlp_program.data.batch_size

@@ -14,9 +14,10 @@ import sys
 import numpy as np
 import pytest
 
-from xbridge import checkpoint, parity
-from xbridge.runloop import RunOptions, prepare, run, train
-from conftest import PROGRAMS, ROOT, one_error_line, run_cli
+from xbridge.parity import policy as parity
+from xbridge.run import checkpoint
+from xbridge.run.loop import RunOptions, prepare, run, train
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 
 pytestmark = pytest.mark.cli
 FAULT = str(ROOT / "tests" / "fixtures" / "inductor_fault.py")
@@ -38,7 +39,7 @@ def _adamw_mlp(tmp_path):
         f"program = runpy.run_path({str(PROGRAMS / 'mlp.py')!r})['program'].replace(\n"
         "    optimizer=xb.AdamW(lr=3e-3, weight_decay=0.1, schedule=xb.WarmupCosine(3, 10)),\n"
         "    step=xb.StepOptions(grad_accum=2, clip_grad_norm=1.0))\n")
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     return program_file, load_program(str(program_file))
 
@@ -70,7 +71,7 @@ def test_schedule_accumulation_and_clipping_compile_once(tmp_path):
 def test_bad_compile_mode_and_unsupported_layouts(tmp_path):
     proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "inductor-cpu", "--compile-mode", "fastest")
     assert proc.returncode == 2
-    assert "--compile-mode 'fastest' is not a torch.compile mode" in one_error_line(proc)
+    assert "--compile-mode 'fastest' is not a choice of target inductor-cpu" in one_error_line(proc)
     # refused before any worker starts: FSDP2 takes one data-parallel axis
     program_file = tmp_path / "two_batch_axes.py"
     program_file.write_text(
@@ -96,7 +97,7 @@ def test_bad_compile_mode_and_unsupported_layouts(tmp_path):
 def test_each_rank_takes_its_share_of_every_micro_batch():
     """The layout the JAX and torch_xla backends give the batch: micro-batch m of the global batch (accumulation
     splits dimension 0 into equal parts first), split over the data axis."""
-    from xbridge.backends.inductor.distributed import local_rows
+    from xbridge.backends.inductor.placement import local_rows
 
     batch = {"x": np.arange(16 * 3).reshape(16, 3), "y": np.arange(16)}
     for accum, parts in [(1, 2), (2, 2), (2, 4), (4, 2)]:
@@ -115,7 +116,7 @@ def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp
     DTensor tensor parallelism, AdamW, a new lr every step, accumulation, clipping) -> eager again. The optimizer
     state crosses both ways as full arrays under the eager names; losses follow an uninterrupted eager run."""
     program_file, program = _adamw_mlp(tmp_path)
-    reference = [r["loss"] for r in run(program, "eager-cpu", RunOptions(steps=8, warmup=1))["steps"]]
+    reference = run(program, "eager-cpu", RunOptions(steps=8, warmup=1)).losses
     first, second = tmp_path / "ck1", tmp_path / "ck2"
     proc = run_cli("run", str(program_file), "--steps", "3", "--warmup", "1", "--checkpoint-dir", str(first))
     assert proc.returncode == 0, proc.stderr[-3000:]

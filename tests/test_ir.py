@@ -103,7 +103,7 @@ def test_ir_validation_errors(make, fragment):
 
 
 def test_adamw_keeps_every_hyperparameter():
-    from xbridge.config import to_config
+    from xbridge.ir.serialize import to_config
 
     cfg = to_config(xb.AdamW(lr=3e-4))
     assert cfg == {"kind": "AdamW", "lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
@@ -161,7 +161,7 @@ def test_hash_is_stable_across_processes():
 def test_import_xbridge_loads_no_ml_framework():
     code = ("import sys, xbridge as xb; xb.Program(name='p', model=lambda: None, loss=lambda m, b: None, "
             "data=xb.data.ByteText.python_stdlib(9, 2), optimizer=xb.AdamW(lr=1e-3)).config_hash; "
-            "import xbridge.cli, xbridge.registry; xbridge.registry.entry_points(); "
+            "import xbridge.cli, xbridge.backend.registry; xbridge.backend.registry.entry_points(); "
             "print(sorted(m for m in ('torch', 'jax', 'torch_xla', 'torchax', 'optax', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

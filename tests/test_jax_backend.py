@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import xbridge as xb
-from xbridge import parity
+from xbridge.parity import policy as parity
 from xbridge.errors import BackendUnavailable, LoweringError
-from xbridge.runloop import RunOptions, prepare, train
-from conftest import PROGRAMS, run_cli
+from xbridge.run.loop import RunOptions, prepare, train
+from helpers import PROGRAMS, run_cli
 
 TP_MESH = xb.Mesh(data=-1, model=2)   # 8 devices: data=4 x model=2, tensor-parallel rules on "model"
 
@@ -25,7 +25,7 @@ def _run(program, target, steps, devices=1, mode=None, warmup=1):
                          backend_options={"sharding_mode": mode} if mode else {})
     prepared = prepare(program, target, options)
     records = train(program, prepared, steps, warmup)
-    return prepared, [r["loss"] for r in records]
+    return prepared, [r.loss for r in records]
 
 
 _REFERENCE: dict = {}
@@ -240,7 +240,7 @@ def test_cli_shard_map_run_dump_and_cache(tmp_path):
 
 
 def test_gspmd_hint_becomes_a_sharding_constraint(mlp_program, tmp_path):
-    from xbridge.runloop import run
+    from xbridge.run.loop import run
 
     program = mlp_program.replace(mesh=TP_MESH)
     run(program, "jax-cpu", RunOptions(steps=1, warmup=0, devices=8, dump=tmp_path))
@@ -251,7 +251,7 @@ def test_gspmd_hint_becomes_a_sharding_constraint(mlp_program, tmp_path):
 
 def test_bf16_mixed_runs_matmuls_in_bf16(tiny_gpt, tmp_path):
     """torch.autocast semantics on jax: linear and attention in bf16 (torchax's own policy misses F.linear)."""
-    from xbridge.runloop import run
+    from xbridge.run.loop import run
 
     run(tiny_gpt.replace(precision="bf16-mixed"), "jax-cpu", RunOptions(steps=1, warmup=0, dump=tmp_path))
     text = (tmp_path / "jax_gspmd_step.stablehlo.mlir").read_text()

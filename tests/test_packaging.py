@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from xbridge import registry
+from xbridge.backend import registry
 from xbridge.backend import Backend, Target
 from xbridge.errors import BackendUnavailable, TargetError
 
@@ -79,11 +79,13 @@ def test_eager_cuda_reason_matches_the_machine():
             registry.resolve("eager-gpu")
 
 
-def test_catalog_target_without_plugin_is_unavailable_not_unknown(plugins):
-    plugins(remove=("jax",))  # as on a machine where the jax plugin is not installed
-    with pytest.raises(BackendUnavailable) as info:
+def test_targets_come_from_the_entry_points_alone(plugins):
+    plugins(remove=("jax",))  # as on a machine where the jax plugin is not registered
+    with pytest.raises(TargetError) as info:
         registry.resolve("jax-tpu")
-    assert "backend 'jax' is not installed" in str(info.value)
+    assert "unknown target 'jax-tpu'; known targets: eager-cpu, eager-cuda, inductor-cpu" in str(info.value)
+    assert not any(row["target"].startswith("jax") for row in registry.describe())
+    assert "--sharding-mode" not in {option.flag for option in registry.all_options().values()}
 
 
 def test_broken_plugin_is_reported_not_raised(plugins):

@@ -11,17 +11,18 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from xbridge import parity, registry
+from xbridge.backend import registry
+from xbridge.parity import policy as parity
 from xbridge.errors import BackendUnavailable
-from xbridge.runloop import RunOptions, prepare, train
-from conftest import PROGRAMS, one_error_line, run_cli
+from xbridge.run.loop import RunOptions, prepare, train
+from helpers import PROGRAMS, one_error_line, run_cli
 
 pytestmark = pytest.mark.cli
 
 
 def _eager(program, steps):
     prepared = prepare(program, "eager-cpu", RunOptions(steps=steps))
-    losses = [r["loss"] for r in train(program, prepared, steps, min(2, steps - 1))]
+    losses = [r.loss for r in train(program, prepared, steps, min(2, steps - 1))]
     return losses, prepared.executable.state_dict()
 
 
@@ -44,7 +45,7 @@ def _xla(tmp_path, program_file, steps, devices, precision, *extra):
     ("mlp", 20, 4, "fp32", "openxla"), ("gpt", 3, 4, "fp32", "openxla"), ("mlp", 20, 1, "bf16-mixed", "openxla")])
 def test_parity_layout_and_recompiles(tmp_path, name, steps, devices, precision, mode):
     """Shardings read back from torch_xla (tests/test_parity.py runs the full parity matrix)."""
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     program = load_program(str(PROGRAMS / f"{name}.py")).replace(precision=precision)
     ref_losses, ref_state = _eager(program, steps)
@@ -76,11 +77,11 @@ def test_schedule_and_fp16_without_recompiles(tmp_path, mlp_program, mode):
     still compile once, in both modes."""
     fixture = tmp_path / "prog.py"
     fixture.write_text(
-        "import xbridge as xb\nfrom xbridge.loader import load_program\n"
+        "import xbridge as xb\nfrom xbridge.program_file import load_program\n"
         f"program = load_program({str(PROGRAMS / 'mlp.py')!r}).replace(\n"
         "    optimizer=xb.AdamW(lr=3e-3, weight_decay=0.1, schedule=xb.WarmupCosine(3, 10)),\n"
         "    step=xb.StepOptions(grad_accum=2, clip_grad_norm=1.0))\n")
-    from xbridge.loader import load_program
+    from xbridge.program_file import load_program
 
     program = load_program(str(fixture)).replace(precision="fp16-mixed")
     ref_losses, ref_state = _eager(program, 8)
@@ -97,8 +98,8 @@ def test_schedule_and_fp16_without_recompiles(tmp_path, mlp_program, mode):
 HALF_BATCH_FIRST = """
 import dataclasses
 import xbridge as xb
-from xbridge.config import register
-from xbridge.loader import load_program
+from xbridge.ir.serialize import register
+from xbridge.program_file import load_program
 
 
 @register
@@ -145,7 +146,7 @@ def test_recompile_after_warmup_is_counted_with_its_cause(tmp_path, mode):
 
 def test_xla_mode_is_checked(tmp_path):
     proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "xla-cpu", "--steps", "2", "--xla-mode", "dynamo")
-    assert "--xla-mode 'dynamo' is not a torch_xla mode; use one of lazy, openxla" in one_error_line(proc)
+    assert "--xla-mode 'dynamo' is not a choice of target xla-cpu; use one of lazy, openxla" in one_error_line(proc)
     proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "eager-cpu", "--steps", "2", "--xla-mode", "openxla")
     assert "takes no --xla-mode" in one_error_line(proc)
     # Dynamo must import the module of the code it traces: runpy's "<run_path>" is refused in one line

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import data, sharding
 from .errors import (BackendUnavailable, ConfigError, PlanError, ProgramError, RunError, TargetError,
                      XBridgeError)
 from .hints import shard
-from .mesh import Mesh
-from .optim import SGD, AdamW, Constant, WarmupCosine
-from .planning import ParamPlan, ShardingPlan, plan
-from .precision import Precision, parse_precision
-from .program import Program, StepOptions
-from .sharding import Sharding
+from .ir import (SGD, AdamW, Constant, Mesh, Precision, Program, Sharding, StepOptions, WarmupCosine, data,
+                 parse_precision, sharding)
+from .planner import ParamPlan, ShardingPlan, plan
 
 __all__ = [
     "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Mesh", "ParamPlan", "PlanError", "Precision",

@@ -11,7 +11,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from .errors import PlanError
-from .sharding import Spec, normalize_spec, spec_axes
+from .ir.sharding import Spec, normalize_spec, spec_axes
 
 Handler = Callable[[Any, Spec], Any]
 _handler: Handler | None = None

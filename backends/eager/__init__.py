@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from xbridge.backend import Executable, Target, TorchDeviceBackend
+from xbridge.backend import Executable, Target
+from xbridge.backends._torch.device import TorchDeviceBackend
+
+if TYPE_CHECKING:
+    from xbridge import Program, ShardingPlan
 
 
 class EagerBackend(TorchDeviceBackend):
@@ -13,7 +17,7 @@ class EagerBackend(TorchDeviceBackend):
     extra = "eager"
     sharded = False
 
-    def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
+    def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from .executable import EagerExecutable
 
         return EagerExecutable(program, plan, target)

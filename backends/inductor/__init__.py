@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from xbridge.backend import Executable, Target, TorchDeviceBackend
+from xbridge.backend import BackendOption, Executable, Target
+from xbridge.backends._torch.device import TorchDeviceBackend
 from xbridge.cache import cache_dir
-from xbridge.errors import ConfigError
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+if TYPE_CHECKING:
+    from xbridge import Program, ShardingPlan
 
 
 class InductorBackend(TorchDeviceBackend):
     name = "inductor"
     extra = "inductor"
-    options = ("compile_mode",)
+    options = (BackendOption("compile_mode", ("default", "reduce-overhead", "max-autotune"), "default",
+                             "torch.compile's mode"),)
     sharded = True
 
     def device_count(self, device: str) -> int | None:
@@ -43,15 +45,14 @@ class InductorBackend(TorchDeviceBackend):
             os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
             os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 
-    def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
-        mode = options.get("compile_mode", "default")
-        if mode not in COMPILE_MODES:
-            raise ConfigError(f"--compile-mode {mode!r} is not a torch.compile mode; use one of "
-                              f"{', '.join(COMPILE_MODES)}")
+    def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
+        mode = options["compile_mode"]
         if plan.devices > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from .launch import DistributedExecutable
+            from .proxy import DistributedExecutable
 
             return DistributedExecutable(program, plan, target, mode)
+        import torch
+
         from .executable import InductorExecutable
 
-        return InductorExecutable(program, plan, target, mode)
+        return InductorExecutable(program, plan, torch.device(target.device), mode)

@@ -1,58 +1,39 @@
-"""The Inductor executable: the shared torch train step with the loss and the optimizer update compiled."""
+"""The Inductor executable: the shared torch train step with the loss and the optimizer update compiled.
+
+One process and one device; the distributed rank engine (rank_engine.py) is this executable with a distributed
+train step and the plan applied to the model, so both count compilations the same way.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
-from xbridge import hints
-from xbridge.backend import Target
-from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.backends._torch.executable import TorchExecutable
+from xbridge.backends._torch.train import TrainStep
+from xbridge.ir.program import Program
+from xbridge.planner import ShardingPlan
 
 
 def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-class InductorExecutable(TorchTrainState):
-    def __init__(self, program: Any, plan: Any, target: Target, mode: str) -> None:
-        self.program, self.plan, self.mode = program, plan, mode
-        self.device = torch.device(target.device)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            torch.set_float32_matmul_precision("highest")
-        self._hints = hints.checker(plan.axis_sizes)
+class InductorExecutable(TorchExecutable):
+    train_step_class: type[TrainStep] = TrainStep
+
+    def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
+        super().__init__(program, plan, device)
+        self.mode = mode
         self.warm_graphs = 0
 
-    def init(self, weights: dict[str, np.ndarray]) -> None:
-        self.model = build_model(self.program, weights, self.device)
+    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         mode = None if self.mode == "default" else self.mode
         # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.
-        self.train_step = TrainStep(self.program, self.model, self.device, on_device=True,
-                                    compile=lambda fn: torch.compile(fn, mode=mode))
-
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        lr = self.train_step.lr
-        with hints.activate(self._hints):
-            loss = self.train_step(batch_to_torch(batch, self.device, self.program.precision))
-        return {"loss": float(loss), "lr": lr}      # float() waits for the device
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return to_numpy_state(self.model)
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        return {n: {"spec": "unsharded", "shard_shapes": [list(p.shape)]} for n, p in self.model.named_parameters()}
-
-    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.bisect import trace_torch
-
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
+        return self.train_step_class(self.program, model, self.device, on_device=True,
+                                     compile=lambda fn: torch.compile(fn, mode=mode))
 
     def recompiles(self) -> int:
         return compiled_graphs() - self.warm_graphs

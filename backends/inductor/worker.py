@@ -1,7 +1,7 @@
 """A worker rank of the distributed Inductor executable: ``python -m xbridge.backends.inductor.worker FD``.
 
-Started by rank 0 (launch.py) with one end of a socket pair as file descriptor FD. It loads the same program file,
-applies rank 0's configuration, joins the process group, and then runs each call rank 0 sends (``launch.serve``),
+Started by rank 0 (proxy.py) with one end of a socket pair as file descriptor FD. It loads the same program file,
+applies rank 0's configuration, joins the process group, and then runs each call rank 0 sends (``rpc.serve``),
 answering ``("ok", value)`` or ``("error", kind, message)``."""
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def main() -> None:
 
         import torch.distributed as dist
 
-        from xbridge.loader import load_program
-        from xbridge.program import Program
+        from xbridge.program_file import load_program
+        from xbridge.ir.program import Program
 
-        from .distributed import RankEngine, device_for, process_group_backend
-        from .launch import serve
+        from .rank_engine import RankEngine, device_for, process_group_backend
+        from .rpc import serve
 
         source = load_program(f"{setup['file']}:{setup['attr']}")
         program = Program.from_config(setup["config"], model=source.model, loss=source.loss)

@@ -11,14 +11,16 @@ import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from xbridge.backend import Backend, Executable, Target
-from xbridge.errors import BackendUnavailable, ConfigError
+from xbridge.backend import Backend, BackendOption, Executable, Target
+from xbridge.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from xbridge import Program, ShardingPlan
 
 _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin")}
 _INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'jax[cuda12]' on a CUDA machine"}
-SHARDING_MODES = ("gspmd", "shard_map")
 
 
 class JaxBackend(Backend):
@@ -26,7 +28,8 @@ class JaxBackend(Backend):
     devices = ("tpu", "cuda", "cpu")
     requires = ("jax", "optax", "torchax", "torch")
     extra = "jax"
-    options = ("sharding_mode",)
+    options = (BackendOption("sharding_mode", ("gspmd", "shard_map"), "gspmd",
+                             "gspmd: jit with NamedSharding from the plan; shard_map: explicit collectives"),)
 
     def device_reason(self, device: str) -> str | None:
         if device == "cpu":
@@ -68,14 +71,10 @@ class JaxBackend(Backend):
                     f"{devices}; run in a fresh process or set XLA_FLAGS=--xla_force_host_platform_device_count="
                     f"{devices} before JAX starts") from None
 
-    def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
-        mode = options.get("sharding_mode", "gspmd")
-        if mode not in SHARDING_MODES:
-            raise ConfigError(f"--sharding-mode {mode!r} is not a jax sharding mode; use one of "
-                              f"{', '.join(SHARDING_MODES)}")
+    def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from .executable import JaxExecutable
 
-        return JaxExecutable(program, plan, target, mode)
+        return JaxExecutable(program, plan, target, options["sharding_mode"])
 
 
 def _requested_cpu_devices() -> int:

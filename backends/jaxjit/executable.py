@@ -14,18 +14,17 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xbridge import hints
-from xbridge.backend import Target
+from xbridge.backend import Executable, Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable
-from xbridge.planning import ShardingPlan
-from xbridge.program import Program
-from xbridge.sharding import Spec, spec_axes
-from xbridge.torch_train import build_model
+from xbridge.planner import ShardingPlan
+from xbridge.ir.program import Program
+from xbridge.ir.sharding import Spec, spec_axes
+from xbridge.backends._torch.train import build_model
 
 from . import optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
-JNP_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def enable_compilation_cache() -> None:
@@ -45,7 +44,7 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
     return array
 
 
-class JaxExecutable:
+class JaxExecutable(Executable):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
         enable_compilation_cache()
@@ -71,7 +70,7 @@ class JaxExecutable:
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
                              else hints.checker(self.plan.axis_sizes))
         self.names = list(weights)
-        float_dtype = JNP_DTYPES[program.precision.params]
+        float_dtype = jnp.dtype(program.precision.params)
         planned = {p.name: p.spec for p in self.plan.params}
         self.specs: dict[str, Spec] = {}
         for name in self.lowered.param_names:
@@ -223,7 +222,7 @@ class JaxExecutable:
     # ------------------------------------------------------------------ the contract
 
     def _device_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        float_dtype = JNP_DTYPES[self.program.precision.params]
+        float_dtype = jnp.dtype(self.program.precision.params)
         return {k: jax.device_put(to_jax_dtype(v, float_dtype), self.batch_sharding) for k, v in batch.items()}
 
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
@@ -288,7 +287,7 @@ class JaxExecutable:
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
         from torchax import interop
 
-        from xbridge.bisect import recording
+        from xbridge.backends._torch.module_outputs import recording
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
@@ -299,8 +298,7 @@ class JaxExecutable:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
                 for n, a in self.state["params"].items()}
 
-    @property
-    def device_kind(self) -> str:
+    def device_kind(self) -> str | None:
         return str(self.mesh.devices.flat[0].device_kind)
 
     def device_peak_bytes(self) -> int | None:

@@ -22,8 +22,8 @@ from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
 from xbridge.errors import LoweringError
-from xbridge.program import Program
-from xbridge.torch_train import DTYPES
+from xbridge.ir.program import Program
+from xbridge.backends._torch.train import torch_dtype
 
 
 # torchax 0.0.13's autocast policy is keyed on aten ops, but torchax lowers some torch functions before they reach
@@ -86,7 +86,7 @@ class LoweredLoss:
     def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
-        amp = (autocast("jax", dtype=DTYPES[precision.compute], env=self.env) if precision.mixed
+        amp = (autocast("jax", dtype=torch_dtype(precision.compute), env=self.env) if precision.mixed
                else contextlib.nullcontext())
         try:
             with self.env, amp, hints.activate(self.hint):

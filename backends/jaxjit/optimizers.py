@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xbridge.optim import SGD, AdamW
+from xbridge.ir.optim import SGD, AdamW
 
 
 class TorchMomentumState(NamedTuple):

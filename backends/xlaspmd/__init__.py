@@ -12,16 +12,15 @@ import importlib.metadata
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from xbridge.backend import Backend, Executable, Target
-from xbridge.errors import BackendUnavailable, ConfigError
+from xbridge.backend import Backend, BackendOption, Executable, Target
+from xbridge.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from xbridge import Program, ShardingPlan
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
-# lazy: the whole step traced as lazy tensors by torch_xla.compile (one graph per step).
-# openxla: the loss (forward, and backward through AOTAutograd) captured by Dynamo, torch.compile(backend="openxla");
-# the optimizer update stays lazy and runs at the step's sync.
-XLA_MODES = ("lazy", "openxla")
 _owned_files: list[str] = []
 
 
@@ -38,7 +37,12 @@ class XlaBackend(Backend):
     devices = ("tpu", "cpu")
     requires = ("torch_xla", "torch")
     extra = "xla"
-    options = ("xla_mode",)
+    # lazy: the whole step traced as lazy tensors by torch_xla.compile (one graph per step).
+    # openxla: the loss (forward, and backward through AOTAutograd) captured by Dynamo,
+    # torch.compile(backend="openxla"); the optimizer update stays lazy and runs at the step's sync.
+    options = (BackendOption("xla_mode", ("lazy", "openxla"), "lazy",
+                             "lazy: torch_xla.compile traces the step as lazy tensors; openxla: Dynamo captures the "
+                             "loss (torch.compile(backend=\"openxla\"))"),)
     unsupported = {"cuda": "torch_xla 2.9 has no CUDA support (removed upstream; its successor targets TPU): "
                            "use inductor-cuda or jax-cuda"}
 
@@ -80,13 +84,10 @@ class XlaBackend(Backend):
                 os.environ["PT_XLA_DEBUG_FILE"] = name
                 _owned_files.append(name)   # ours: removed when the process exits
 
-    def lower(self, program: Any, plan: Any, target: Target, options: dict[str, Any]) -> Executable:
-        mode = options.get("xla_mode", "lazy")
-        if mode not in XLA_MODES:
-            raise ConfigError(f"--xla-mode {mode!r} is not a torch_xla mode; use one of {', '.join(XLA_MODES)}")
+    def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from .executable import XlaExecutable
 
-        return XlaExecutable(program, plan, target, mode)
+        return XlaExecutable(program, plan, target, options["xla_mode"])
 
 
 def _runtime_started() -> bool:

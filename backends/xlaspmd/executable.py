@@ -28,9 +28,9 @@ from xbridge import hints
 from xbridge.backend import Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable, ConfigError
-from xbridge.planning import ShardingPlan
-from xbridge.program import Program
-from xbridge.torch_train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.planner import ShardingPlan
+from xbridge.ir.program import Program
+from xbridge.backends._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
 
 _RUNTIME_READY = False
 
@@ -114,7 +114,7 @@ def _check_importable(program: Program, model: torch.nn.Module) -> None:
         if module is not None and module not in sys.modules:
             raise ConfigError(f"--xla-mode openxla: the program's {what} comes from module {module!r}, which Dynamo "
                               "cannot import (code run with runpy.run_path?); load program files with "
-                              "xbridge.loader.load_program or a regular import")
+                              "xbridge.program_file.load_program or a regular import")
 
 
 class XlaExecutable(TorchTrainState):
@@ -210,7 +210,7 @@ class XlaExecutable(TorchTrainState):
         torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.bisect import trace_torch
+        from xbridge.backends._torch.module_outputs import trace_torch
 
         # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
         tensors = batch_to_torch(batch, self.device, self.program.precision)

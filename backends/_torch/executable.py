@@ -1,0 +1,57 @@
+"""The executable of the backends that run the torch module on torch's own devices (eager, inductor): the shared
+train step on one device. A backend sets how the train step is built (eager: as is; inductor: compiled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xbridge import hints
+from xbridge.ir.program import Program
+from xbridge.planner import ShardingPlan
+
+from .module_outputs import trace_torch
+from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, exact_fp32, to_numpy_state
+
+
+class TorchExecutable(TorchTrainState):
+    def __init__(self, program: Program, plan: ShardingPlan, device: torch.device) -> None:
+        self.program, self.plan, self.device = program, plan, device
+        exact_fp32(device)
+        self._hints = hints.checker(plan.axis_sizes)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Hook: place the model before its train step is built (inductor's distributed engine applies the plan)."""
+        return model
+
+    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
+        """Hook: the train step over ``model`` (inductor compiles it)."""
+        return TrainStep(self.program, model, self.device)
+
+    def init(self, weights: dict[str, np.ndarray]) -> None:
+        self.model = self.prepare_model(build_model(self.program, weights, self.device))
+        self.train_step = self.make_train_step(self.model)
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        lr = self.train_step.lr
+        with hints.activate(self._hints):
+            loss = self.train_step(batch_to_torch(batch, self.device, self.program.precision))
+        return {"loss": float(loss), "lr": lr}      # float() waits for the device
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return to_numpy_state(self.model)
+
+    def layout(self) -> dict[str, dict[str, Any]]:
+        return {n: {"spec": "unsharded", "shard_shapes": [list(p.shape)]} for n, p in self.model.named_parameters()}
+
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
+
+    def device_kind(self) -> str | None:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+
+    def device_peak_bytes(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None

@@ -1,0 +1,258 @@
+"""The train step in PyTorch, shared by the torch-based backends (eager, inductor, xla).
+
+Importing this module imports torch: the core never imports it, backends do when they lower.
+
+Precision semantics (the same on every backend):
+- parameters are stored in ``precision.params``, and the optimizer updates them in that dtype;
+- when ``compute`` differs from ``params``, the forward pass and the loss run under autocast to ``compute``;
+- floating batch arrays reach the loss in ``precision.params``;
+- the model's floating outputs are cast to ``precision.output`` before the loss, and the loss is taken in float32;
+- ``loss_scale="dynamic"`` uses torch.amp.GradScaler (fp16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from xbridge.backend import Executable
+from xbridge.ir.optim import SGD, AdamW
+from xbridge.ir.precision import Precision
+from xbridge.ir.program import Program
+from xbridge.weights import tensor_to_numpy, to_numpy_state
+
+__all__ = ["TorchTrainState", "TrainStep", "batch_to_torch", "build_model", "compute_context", "exact_fp32",
+           "tensor_to_numpy", "tied_groups", "to_numpy_state", "torch_dtype"]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a precision's dtype name (xbridge.ir.precision.DTYPES: float32, bfloat16, float16)."""
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype), name
+    return dtype
+
+
+def exact_fp32(device: torch.device) -> None:
+    """fp32 means fp32 on a GPU too: no TF32 in matmuls or convolutions (parity needs it; docs/parity.md)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+
+
+def build_model(program: Program, weights: dict[str, np.ndarray], device: torch.device) -> torch.nn.Module:
+    """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(program.seed)
+        model = program.model()
+    state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
+    model.load_state_dict(state, strict=True)
+    ties = tied_groups(model)
+    model.to(device=device, dtype=torch_dtype(program.precision.params))
+    retie(model, ties)
+    _cast_outputs(model, torch_dtype(program.precision.output))
+    model.train()
+    return model
+
+
+def tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Names of parameters that are one tensor (e.g. an embedding shared with the output layer)."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Moving to a device whose tensors cannot share a CPU tensor's storage (XLA) replaces each module's
+    Parameter object and silently unties shared weights; point every name of a group at one Parameter again."""
+    for first, *others in groups:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            if module._parameters[attr] is not shared:
+                module._parameters[attr] = shared
+
+
+def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        return torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, output)
+    model.register_forward_hook(hook)
+
+
+def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = False) -> torch.optim.Optimizer:
+    """torch.optim from the spec, every hyperparameter passed.
+
+    ``on_device``: the learning rate and Adam's step count live in device tensors (``capturable``), so a traced
+    backend (torch_xla) sees the same graph every step instead of new Python constants. The lr tensor is marked
+    requires_grad only so that torch.optim.SGD takes its tensor path (``addcmul_``) instead of turning it into a
+    Python number (a host sync); nothing differentiates through it."""
+    spec = program.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    lr: Any = spec.lr
+    if on_device:
+        lr = torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device, requires_grad=True)
+    if isinstance(spec, AdamW):
+        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr, betas=spec.betas, eps=spec.eps,
+                                                       weight_decay=spec.weight_decay, amsgrad=False,
+                                                       foreach=False, maximize=False, capturable=on_device)
+    elif isinstance(spec, SGD):
+        opt = torch.optim.SGD(params, lr=lr, momentum=spec.momentum, dampening=spec.dampening,
+                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False,
+                              maximize=False)
+    else:  # Program validation makes this unreachable
+        raise TypeError(f"unsupported optimizer spec {spec!r}")
+    return opt
+
+
+def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """What LambdaLR does, without its scheduler: a float, or a fill_ of the device tensor (no new constant)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            with torch.no_grad():
+                group["lr"].fill_(value)
+        else:
+            group["lr"] = value
+
+
+@contextlib.contextmanager
+def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
+    if precision.compute != precision.params:
+        with torch.autocast(device_type=device_type, dtype=torch_dtype(precision.compute)):
+            yield
+    else:
+        yield
+
+
+def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
+    """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over)."""
+    dtype = torch_dtype(precision.params)
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if np.issubdtype(v.dtype, np.floating) else None)
+            for k, v in batch.items()}
+
+
+def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    if parts == 1:
+        return [batch]
+    chunks = {k: torch.chunk(v, parts, dim=0) for k, v in batch.items()}
+    return [{k: chunks[k][i] for k in batch} for i in range(parts)]
+
+
+class TrainStep:
+    """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
+    scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
+
+    def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
+                 compile: Callable[[Callable], Callable] | None = None) -> None:
+        """``compile``: a backend's compiler (torch.compile) for the loss (forward, and backward through
+        AOTAutograd) and for the optimizer update."""
+        self.program = program
+        self.model = model
+        self.device_type = device.type
+        self.updates = 0
+        self.optimizer = make_optimizer(program, model, on_device)
+        self.loss_fn = compile(program.loss) if compile else program.loss
+        self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
+        scaled = program.precision.loss_scale == "dynamic"
+        self.scaler = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        program, model = self.program, self.model
+        accum = program.step.grad_accum
+        set_lr(self.optimizer, self.lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+        for micro in split_micro(batch, accum):
+            with compute_context(program.precision, self.device_type):
+                loss = self.loss_fn(model, micro)
+            loss = loss.float() / accum
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = total + loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if program.step.clip_grad_norm is not None:
+            self.clip_gradients(program.step.clip_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
+            self.scaler.update()
+        else:
+            self.optimizer_step()
+        self.updates += 1
+        return total
+
+    def clip_gradients(self, max_norm: float) -> None:
+        """Global-norm clipping (torch's formula); a sharded backend totals the norm over its ranks instead."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=False)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step uses (computed on the host: reading a device lr would synchronise)."""
+        spec = self.program.optimizer
+        return spec.lr * spec.schedule.factor(self.updates)
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """Everything besides the weights that the next step depends on, as numpy under the checkpoint names
+        (xbridge/checkpoint.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
+        float32), ``loop/updates`` for the schedule's count, ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out: dict[str, np.ndarray] = {"loop/updates": np.array(self.updates, dtype=np.int64)}
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    out[f"optim/{names[id(param)]}/{key}"] = tensor_to_numpy(value)
+        if self.scaler is not None:
+            scaler = self.scaler.state_dict()
+            out["scaler/scale"] = np.array(scaler["scale"], dtype=np.float32)
+            out["scaler/growth_tracker"] = np.array(scaler["_growth_tracker"], dtype=np.int64)
+        out["rng/torch_cpu"] = torch.get_rng_state().numpy().copy()
+        return out
+
+    def import_state(self, state: dict[str, np.ndarray]) -> None:
+        """Load :meth:`export_state`'s arrays (from any backend): optimizer state cast to each parameter's dtype
+        and device by torch.optim's own ``load_state_dict``."""
+        self.updates = int(state["loop/updates"])
+        params = list(self.optimizer.param_groups[0]["params"])
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for index, param in enumerate(params):
+            prefix = f"optim/{names[id(param)]}/"
+            # np.ascontiguousarray makes a 0-d array 1-d (Adam's step count): keep the saved shape
+            entries = {key[len(prefix):]: torch.from_numpy(np.ascontiguousarray(value).reshape(np.shape(value)))
+                       for key, value in state.items() if key.startswith(prefix)}
+            if entries:
+                per_param[index] = entries
+        current = self.optimizer.state_dict()
+        self.optimizer.load_state_dict({"state": per_param, "param_groups": current["param_groups"]})
+        if self.scaler is not None and "scaler/scale" in state:
+            self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(state["scaler/scale"]),
+                                         "_growth_tracker": int(state["scaler/growth_tracker"])})
+        if "rng/torch_cpu" in state:
+            torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(state["rng/torch_cpu"])))
+
+    def nonfinite_grads(self) -> list[str]:
+        """Parameters (eager order) whose gradient from the last step holds a NaN or Inf."""
+        return [name for name, p in self.model.named_parameters()
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+
+
+class TorchTrainState(Executable):
+    """The checkpoint and fault parts of the Executable contract for executables that hold ``self.train_step``
+    (a :class:`TrainStep`)."""
+
+    train_step: TrainStep
+
+    def training_state(self) -> dict[str, np.ndarray]:
+        return self.train_step.export_state()
+
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        self.train_step.import_state(state)
+
+    def nonfinite_grads(self) -> list[str]:
+        return self.train_step.nonfinite_grads()

@@ -1,0 +1,161 @@
+"""Where the plan's mesh axes go on torch.distributed: the batch axis to FSDP2, a model axis to DTensor.
+
+- the batch axis (the mesh axis that splits the batch's dimension 0) goes to FSDP2 (``fully_shard`` on the root
+  module): when some parameter's planned spec names that axis (``xb.sharding.fsdp`` or a rule), parameters are
+  sharded over it on their planned dimension (ZeRO-3: gathered for forward and backward, gradients
+  reduce-scattered); otherwise they stay replicated over it, as the plan says, through FSDP2's hybrid mode on a
+  2-D mesh (batch axis replicated, a size-1 shard axis), so gradients are all-reduced as in DDP;
+- a model axis (any other axis with size > 1) goes to DTensor: every module that owns a parameter whose spec names
+  it gets its own parameters as DTensors with the planned ``Shard(dim)`` placements (the rest ``Replicate()``)
+  through ``distribute_module``; its inputs enter as replicated DTensors and its outputs leave as plain replicated
+  tensors, so DTensor's sharding propagation splits that module's computation (a column-parallel Linear computes
+  its output features locally, a row-parallel one all-reduces partial sums) while the program's own code between
+  modules sees ordinary tensors;
+- each rank takes its slice of every micro-batch of the global batch (the layout the JAX and torch_xla backends
+  give the batch).
+
+This module imports no torch.distributed at module level beyond its types, so an unsupported layout is refused
+before any process starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+
+from xbridge.backends._torch.train import tied_groups
+from xbridge.errors import LoweringError
+from xbridge.ir.sharding import spec_axes
+from xbridge.planner import ShardingPlan
+
+UNSHARDED_AXIS = "_fsdp_shard"   # the size-1 shard dimension of FSDP2's hybrid mode (parameters replicated)
+
+
+class MeshRoles:
+    """Which plan axis does what on torch.distributed: the batch axis (FSDP2), the model axis (DTensor)."""
+
+    def __init__(self, plan: ShardingPlan) -> None:
+        sizes = plan.axis_sizes
+        where = f"inductor on {plan.devices} processes, mesh {' x '.join(f'{a}={s}' for a, s in sizes.items())}"
+        if any(spec_axes(plan.batch[1:])):
+            raise LoweringError(f"{where}: the batch spec {plan.batch} splits a dimension after the first; the "
+                                "torch.distributed path splits only the example dimension")
+        batch = [a for a in spec_axes(plan.batch[:1]) if sizes[a] > 1]
+        if len(batch) > 1:
+            raise LoweringError(f"{where}: the batch is split over {len(batch)} mesh axes ({', '.join(batch)}); "
+                                "FSDP2 takes one data-parallel axis, so merge them into one")
+        self.batch: str | None = batch[0] if batch else None
+        used = {a for p in plan.params for a in spec_axes(p.spec) if sizes[a] > 1}
+        model = [a for a in sizes if a in used and a != self.batch]
+        if len(model) > 1:
+            raise LoweringError(f"{where}: parameters are split over {len(model)} model axes "
+                                f"({', '.join(model)}); FSDP2 composes with one tensor-parallel axis")
+        self.model: str | None = model[0] if model else None
+        self.fsdp = self.batch is not None and self.batch in used
+        # the torch mesh: the batch axis first (FSDP2 slices its data-parallel and tensor-parallel dimensions from
+        # one root mesh in order), the size-1 shard axis of the hybrid mode after it, then the other plan axes
+        names = ([self.batch] if self.batch else []) + [a for a in sizes if a != self.batch]
+        shape = [(a, sizes[a]) for a in names]
+        if self.batch and not self.fsdp:
+            shape.insert(1, (UNSHARDED_AXIS, 1))
+        self.shape = dict(shape)
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        return init_device_mesh(device_type, tuple(self.shape.values()), mesh_dim_names=tuple(self.shape))
+
+
+def local_rows(batch: dict[str, np.ndarray], parts: int, index: int, accum: int) -> dict[str, np.ndarray]:
+    """This rank's examples: piece ``index`` of ``parts`` of every micro-batch, so that micro-batch ``m`` of the
+    local batch is this rank's share of micro-batch ``m`` of the global one (as JAX and torch_xla lay it out)."""
+    if parts == 1:
+        return batch
+    out = {}
+    for key, value in batch.items():
+        micro = value.shape[0] // accum
+        piece = micro // parts
+        out[key] = np.concatenate([value[m * micro + index * piece: m * micro + (index + 1) * piece]
+                                   for m in range(accum)])
+    return out
+
+
+def to_plain(value: Any) -> Any:
+    if isinstance(value, DTensor):
+        return value.redistribute(value.device_mesh, [Replicate()] * value.device_mesh.ndim).to_local()
+    return value
+
+
+def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh, axis: str) -> list[str]:
+    """DTensor placements for the parameters whose spec names ``axis``; returns the modules so distributed."""
+    specs = {p.name: p.spec for p in plan.params}
+    owners: dict[str, list[tuple[str, int]]] = {}
+    for name, spec in specs.items():
+        dims = [d for d, entry in enumerate(spec) if axis in spec_axes((entry,))]
+        if dims:
+            if any(isinstance(spec[d], tuple) for d in dims):
+                raise LoweringError(f"parameter {name!r} (spec {spec}) splits one dimension over several mesh axes; "
+                                    "the torch.distributed path takes one axis per dimension")
+            owner, _, attr = name.rpartition(".")
+            owners.setdefault(owner, []).append((attr, dims[0]))
+    tied = {n for group in tied_groups(model) for n in group}
+    submesh = mesh[axis]
+    for owner, entries in owners.items():
+        module = model.get_submodule(owner) if owner else model
+        for attr, _ in entries:
+            full = f"{owner}.{attr}" if owner else attr
+            if full in tied:
+                raise LoweringError(f"parameter {full!r} is tied to another parameter and has a {axis!r} rule; the "
+                                    "torch.distributed path cannot split a shared parameter across modules")
+        if any(p.numel() for c in module.children() for p in c.parameters()):
+            first = f"{owner}.{entries[0][0]}" if owner else entries[0][0]
+            raise LoweringError(f"parameter {first!r} has a {axis!r} rule, but "
+                                f"its module {owner or '<root>'} ({type(module).__name__}) also runs submodules "
+                                "with parameters; the torch.distributed path splits a module's own computation "
+                                "(DTensor), so move the parameter into a leaf module or drop the rule")
+        sharded = dict(entries)
+
+        def partition(name: str, sub: torch.nn.Module, device_mesh: DeviceMesh, root=module, sharded=sharded) -> None:
+            if sub is not root:
+                return
+            for attr, param in list(sub.named_parameters(recurse=False)):
+                placement = [Shard(sharded[attr])] if attr in sharded else [Replicate()]
+                # every rank holds the same full weights: each keeps its piece, no scatter from rank 0
+                value = distribute_tensor(param.data, device_mesh, placement, src_data_rank=None)
+                sub.register_parameter(attr, torch.nn.Parameter(value, requires_grad=param.requires_grad))
+            for attr, buffer in list(sub.named_buffers(recurse=False)):
+                sub.register_buffer(attr, distribute_tensor(buffer, device_mesh, [Replicate()], src_data_rank=None))
+
+        distribute_module(module, submesh, partition)
+
+        def enter(sub: torch.nn.Module, args: tuple, kwargs: dict, device_mesh=submesh) -> tuple[tuple, dict]:
+            def lift(x: Any) -> Any:
+                if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
+                    return DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+                return x
+            return torch.utils._pytree.tree_map(lift, (args, kwargs))
+
+        def leave(sub: torch.nn.Module, args: tuple, output: Any) -> Any:
+            return torch.utils._pytree.tree_map(to_plain, output)
+
+        module.register_forward_pre_hook(enter, with_kwargs=True)
+        module.register_forward_hook(leave)
+    return list(owners)
+
+
+def apply_batch_axis(model: torch.nn.Module, plan: ShardingPlan, roles: MeshRoles, mesh: DeviceMesh) -> None:
+    """FSDP2 on the root module over the batch axis: sharded where the plan names the axis, else hybrid."""
+    if roles.batch is None:
+        return
+    if roles.fsdp:
+        dims = {}
+        for name, param in model.named_parameters():
+            spec = plan.param(name).spec
+            dims[id(param)] = next((d for d, e in enumerate(spec) if roles.batch in spec_axes((e,))), None)
+        fully_shard(model, mesh=mesh[roles.batch],
+                    shard_placement_fn=lambda p: Shard(dims[id(p)]) if dims.get(id(p)) is not None else None)
+    else:
+        fully_shard(model, mesh=mesh[roles.batch, UNSHARDED_AXIS])

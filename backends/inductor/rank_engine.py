@@ -1,0 +1,188 @@
+"""One rank of the Inductor backend on torch.distributed (see placement.py for where the mesh axes go).
+
+Every rank builds the full model from the same weights and applies the plan; the loss (forward and backward) and
+the optimizer update are compiled by torch.compile as in one process (the engine is the single-process
+:class:`InductorExecutable` with a distributed train step): FSDP2's hooks run outside the compiled graphs (Dynamo
+skips them by design, ``torch._dynamo.config.skip_fsdp_hooks``), and DTensor code and its collectives are traced
+into them. The reported loss is the mean over the batch axis, the same number on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from xbridge import hints
+from xbridge.backends._torch.train import TrainStep, batch_to_torch, exact_fp32, tensor_to_numpy
+from xbridge.errors import LoweringError
+from xbridge.ir.program import Program
+from xbridge.planner import ShardingPlan
+
+from .executable import InductorExecutable
+from .placement import MeshRoles, apply_batch_axis, local_rows, tensor_parallel, to_plain
+
+
+class ShardedGradScaler(torch.amp.GradScaler):
+    """torch's GradScaler over gradients that are partly DTensors (sharded or replicated on different meshes):
+    each rank unscales and checks its own pieces, and the found-inf flag is all-reduced, so every rank takes or
+    skips the step together (what torch.distributed.fsdp's ShardedGradScaler does for flat parameters)."""
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    by_dtype.setdefault(grad.dtype, []).append(grad)
+            for grads in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+        return {found_inf.device: found_inf}
+
+
+class DistributedTrainStep(TrainStep):
+    """The shared train step with the parts that must see every rank: the gradient norm for clipping, the loss
+    scaler's overflow check, the non-finite check, and optimizer state that mirrors a sharded parameter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.scaler is not None:
+            self.scaler = ShardedGradScaler(self.device_type, enabled=True)
+
+    def clip_gradients(self, max_norm: float) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        # each parameter's norm over all its shards (DTensor reduces it), then torch's formula on the host side
+        norms = [to_plain(torch.linalg.vector_norm(g, 2.0)) for g in grads]
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        torch.nn.utils.clip_grads_with_norm_([p for p in self.model.parameters() if p.grad is not None], max_norm,
+                                             total, foreach=False)
+
+    def nonfinite_grads(self) -> list[str]:
+        named = list(self.model.named_parameters())
+        flags = torch.zeros(len(named), dtype=torch.float32)
+        for i, (_, p) in enumerate(named):
+            if p.grad is not None:
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                flags[i] = float(not bool(torch.isfinite(local).all()))
+        device = next(self.model.parameters()).device
+        flags = flags.to(device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [name for (name, _), bad in zip(named, flags.cpu().tolist()) if bad]
+
+    def import_state(self, state: dict[str, np.ndarray]) -> None:
+        """Full arrays in; state that mirrors a sharded parameter is split like the parameter (each rank keeps its
+        own piece of the full array, no communication)."""
+        super().import_state(state)
+        for param, entries in self.optimizer.state.items():
+            if not isinstance(param, DTensor):
+                continue
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == param.shape:
+                    entries[key] = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements,
+                                                     src_data_rank=None)
+
+
+class RankEngine(InductorExecutable):
+    """One rank of the distributed executable. Every method is called on every rank in the same order (the
+    collectives inside them line up); results that differ by rank are gathered so that each rank returns the
+    same value. ``trace_modules`` runs the forward on the whole batch on every rank (FSDP2 gathers the parameters,
+    DTensor modules return replicated outputs), so the outputs are the full ones and the same on every rank."""
+
+    train_step_class = DistributedTrainStep
+
+    def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
+        super().__init__(program, plan, device, mode)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != plan.devices:
+            raise LoweringError(f"the plan spans {plan.devices} devices but torch.distributed has {self.world} "
+                                "processes; pass --devices equal to the number of processes")
+        self.roles = MeshRoles(plan)
+        self.mesh = self.roles.build_mesh(device.type)
+        self.tensor_parallel: list[str] = []
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The plan applied: DTensor on the model axis, FSDP2 on the batch axis."""
+        roles = self.roles
+        if roles.model is not None:
+            self.tensor_parallel = tensor_parallel(model, self.plan, self.mesh, roles.model)
+        apply_batch_axis(model, self.plan, roles, self.mesh)
+        if roles.batch is not None:
+            self.batch_group = self.mesh[roles.batch].get_group()
+            self.batch_parts = self.mesh[roles.batch].size()
+            self.batch_index = self.mesh[roles.batch].get_local_rank()
+        else:
+            self.batch_group, self.batch_parts, self.batch_index = None, 1, 0
+        return model
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        local = local_rows(batch, self.batch_parts, self.batch_index, self.program.step.grad_accum)
+        lr = self.train_step.lr
+        with hints.activate(self._hints):
+            loss = self.train_step(batch_to_torch(local, self.device, self.program.precision))
+        if self.batch_group is not None:
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.batch_group)
+            loss = loss / self.batch_parts
+        return {"loss": float(loss), "lr": lr}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Full arrays under the eager names (every DTensor gathered; tied names share one gather)."""
+        out: dict[str, np.ndarray] = {}
+        seen: dict[int, np.ndarray] = {}
+        for name, value in self.model.state_dict(keep_vars=True).items():
+            if id(value) not in seen:
+                seen[id(value)] = tensor_to_numpy(value)
+            out[name] = seen[id(value)]
+        return out
+
+    def layout(self) -> dict[str, dict[str, Any]]:
+        local = {}
+        for name, param in self.model.named_parameters():
+            if isinstance(param, DTensor):
+                names = param.device_mesh.mesh_dim_names or ()
+                sizes = param.device_mesh.shape   # a placement over a size-1 axis means nothing: not shown
+                spec = "(" + ", ".join(f"{n}: {p}" for n, p, k in zip(names, param.placements, sizes) if k > 1) + ")"
+                local[name] = (spec, list(param.to_local().shape))
+            else:
+                local[name] = ("replicated", list(param.shape))
+        everyone = self._gather(local)
+        return {name: {"spec": spec, "shard_shapes": [rank[name][1] for rank in everyone]}
+                for name, (spec, _) in local.items()}
+
+    def recompiles(self) -> int:
+        """Compilations after warm-up, the most of any rank."""
+        return max(self._gather(super().recompiles()))
+
+    def _gather(self, value: Any) -> list[Any]:
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, value)
+        return everyone
+
+
+def threads_per_rank(world: int) -> int:
+    """CPU ranks share the machine's cores (torchrun likewise sets OMP_NUM_THREADS=1 per process)."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def device_for(device_type: str, local_rank: int) -> torch.device:
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        exact_fp32(device)
+        return device
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads_per_rank(dist.get_world_size()))
+    return torch.device(device_type)
+
+
+def process_group_backend(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"

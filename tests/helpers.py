@@ -1,0 +1,28 @@
+"""What tests share besides fixtures: paths, and running the installed ``xbridge`` command as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ROOT / "programs"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``xbridge ARGS`` in a fresh interpreter, as a user would."""
+    full_env = {**os.environ, "XBRIDGE_DEBUG": "0", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "xbridge", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or ROOT, timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The single ``error:`` line a bad input must produce (and nothing that looks like a traceback)."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]

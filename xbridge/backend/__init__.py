@@ -1,0 +1,194 @@
+"""The contract between the core and a backend plugin (docs/adding-a-backend.md lists all of it).
+
+A plugin registers a :class:`Backend` subclass in the entry-point group ``xbridge.backends``. The class must be
+cheap to import (no framework import at module top): the registry instantiates it to ask why it is unavailable and
+which options it takes, and only :meth:`Backend.lower` pulls in the framework. ``lower`` returns an
+:class:`Executable`; every method the core calls is declared here, with a default where one makes sense.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ConfigError, LoweringError
+
+if TYPE_CHECKING:
+    from ..ir.program import Program
+    from ..planner import ShardingPlan
+
+
+@dataclass(frozen=True)
+class Target:
+    backend: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}-{self.device}"
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """An option a backend takes: ``xbridge run --NAME VALUE`` (``name`` with ``-`` for ``_``) and the
+    ``TARGET:NAME=VALUE`` variants of compare and parity. The core checks the value against ``choices`` before the
+    backend sees it; :meth:`Backend.lower` gets every declared option, defaults filled in."""
+
+    name: str                       # a Python identifier, e.g. "sharding_mode"
+    choices: tuple[str, ...]
+    default: str
+    help: str                       # one line
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"backend option name {self.name!r} is not an identifier")
+        if self.default not in self.choices:
+            raise ValueError(f"backend option {self.name!r}: default {self.default!r} is not one of {self.choices}")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+class Executable(ABC):
+    """A program lowered for one target. Arrays cross the boundary as numpy, under the eager parameter names."""
+
+    @abstractmethod
+    def init(self, weights: dict[str, np.ndarray]) -> None:
+        """Load the initial weights (float32 numpy, eager names) and create the optimizer state."""
+
+    @abstractmethod
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """Run one optimizer step on the global batch; return metrics (at least ``loss``) once the device is done."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Current parameters and buffers as full (unsharded) numpy arrays under the eager names."""
+
+    @abstractmethod
+    def training_state(self) -> dict[str, np.ndarray]:
+        """Everything but the weights that the next step depends on, full numpy arrays under backend-neutral
+        names (``optim/<param>/<torch.optim key>``, ``loop/updates``, ``scaler/*``, ``rng/*``; see
+        xbridge/run/checkpoint.py). Written into checkpoints; read back by any backend."""
+
+    @abstractmethod
+    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
+        """After :meth:`init`: continue from ``state`` (from :meth:`training_state` of any backend), sharding it
+        like the parameters it belongs to."""
+
+    def nonfinite_grads(self) -> list[str] | None:
+        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf; None when the
+        backend does not inspect gradients."""
+        return None
+
+    def recompiles(self) -> int:
+        """Compilations of the step since :meth:`mark_warm` (0 for a backend that compiles nothing)."""
+        return 0
+
+    def recompile_reasons(self) -> list[str]:
+        """One line per cause of the recompilations counted by :meth:`recompiles`, when the backend knows them."""
+        return []
+
+    def mark_warm(self) -> None:
+        """Warm-up is over: later compilations count as recompiles."""
+
+    def dump(self, directory: Path) -> list[Path]:
+        """Write what was compiled (graphs, HLO, or the module tree) under ``directory``; return the files."""
+        return []
+
+    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each module's first floating output of one forward pass of the loss (no update), in execution order."""
+        raise LoweringError(f"{type(self).__name__} cannot record module outputs (--trace-modules, parity --bisect)")
+
+    def layout(self) -> dict[str, dict[str, Any]]:
+        """Per trained parameter, as the runtime reports it: ``{"spec": str, "shard_shapes": [[...], ...]}``."""
+        return {}
+
+    def device_kind(self) -> str | None:
+        """The device's name as its runtime reports it (e.g. ``NVIDIA H200``, ``TPU v5 lite``), for the MFU peak
+        table; None: the target's device kind is all that is known."""
+        return None
+
+    def device_peak_bytes(self) -> int | None:
+        """Peak device memory in use during the run, where the runtime reports it."""
+        return None
+
+
+class Backend:
+    """Base class of backend plugins. Subclasses set ``name``, ``devices`` (best first), ``requires`` (import
+    names of the packages the backend needs) and implement :meth:`lower`."""
+
+    name: str = ""
+    devices: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    extra: str = ""             # pip extra that installs the requirements
+    options: tuple[BackendOption, ...] = ()   # options it takes (CLI flags such as --sharding-mode)
+    sharded: bool = True        # False: runs on one device and ignores the mesh (its plan collapses every axis to 1)
+    unsupported: dict[str, str] = {}   # device -> why this backend cannot ever target it
+
+    def missing_package(self) -> str | None:
+        for module in self.requires:
+            if importlib.util.find_spec(module) is None:
+                return module
+        return None
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """None when ``device`` can run here, else one line saying why (missing package, no such device)."""
+        if device in self.unsupported:
+            return self.unsupported[device]
+        if device not in self.devices:
+            return f"backend {self.name!r} has no device {device!r} (devices: {', '.join(self.devices)})"
+        missing = self.missing_package()
+        if missing:
+            return f"package {missing!r} is not installed (pip install 'xbridge[{self.extra or self.name}]')"
+        return self.device_reason(device)
+
+    def device_reason(self, device: str) -> str | None:
+        """Hook: why ``device`` is absent on this machine (packages are known to be installed)."""
+        return None
+
+    def default_device(self) -> str | None:
+        for device in self.devices:
+            if self.unavailable_reason(device) is None:
+                return device
+        return None
+
+    def versions(self) -> dict[str, str]:
+        out = {}
+        for dist in self.requires:
+            try:
+                out[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return out
+
+    def device_count(self, device: str) -> int | None:
+        """How many devices of this kind a run may use here; None for virtual devices (any count)."""
+        return 1
+
+    def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
+        """Called before the framework is imported in this process: set per-process environment (virtual CPU
+        device counts, platform selection, compiler dump flags; ``dump`` is where ``--dump`` asked for what was
+        compiled). Default: nothing."""
+
+    def resolve_options(self, given: dict[str, str], target: str) -> dict[str, str]:
+        """Check ``given`` (option name -> value) against :attr:`options`; return every option, defaults filled in.
+        The message names the target, the flag and what it takes."""
+        declared = {option.name: option for option in self.options}
+        for name, value in given.items():
+            option = declared.get(name)
+            if option is None:
+                takes = ", ".join(o.flag for o in self.options) or "no options"
+                raise ConfigError(f"target {target} takes no --{name.replace('_', '-')} (it takes: {takes})")
+            if value not in option.choices:
+                raise ConfigError(f"{option.flag} {value!r} is not a choice of target {target}; use one of "
+                                  f"{', '.join(option.choices)}")
+        return {name: given.get(name, option.default) for name, option in declared.items()}
+
+    def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
+        raise NotImplementedError(f"backend {self.name!r} does not implement lower()")

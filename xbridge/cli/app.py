@@ -1,0 +1,284 @@
+"""The ``xbridge`` command and its subcommands. Bad input prints one ``error:`` line and exits 2;
+``XBRIDGE_DEBUG=1`` shows tracebacks.
+
+Backend options (``--sharding-mode``, ``--xla-mode``, ...) are not written here: each backend declares its own
+(xbridge.backend.BackendOption), ``run`` accepts exactly the declared flags, and the core checks their values."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import typer
+from typer.core import TyperCommand
+
+from ..errors import ConfigError, XBridgeError
+from ..files import check_writable, read_npz, write_json
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Write a PyTorch training program once; run, match and race it on every compiler stack.")
+
+
+class Format(str, Enum):
+    human = "human"
+    json = "json"
+
+
+def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None) -> Any:
+    from ..ir.mesh import parse_mesh
+    from ..program_file import load_program
+
+    program = load_program(program_path)
+    changes: dict[str, Any] = {}
+    if mesh is not None:
+        changes["mesh"] = parse_mesh(mesh)
+    if precision is not None:
+        changes["precision"] = precision
+    if seed is not None:
+        changes["seed"] = seed
+    return program.replace(**changes) if changes else program
+
+
+def _target_list(backends: str | None) -> list[str] | None:
+    return [t.strip() for t in backends.split(",") if t.strip()] if backends else None
+
+
+def _backend_options(ctx: typer.Context) -> dict[str, str]:
+    """``--NAME VALUE`` / ``--NAME=VALUE`` pairs left over by the fixed options: each must be an option some
+    installed backend declares (its values are checked against the target's own options later)."""
+    from ..backend.registry import all_options
+
+    declared = all_options()
+    given: dict[str, str] = {}
+    items = iter(ctx.args)
+    for item in items:
+        flag, sep, value = item.partition("=")
+        name = flag[2:].replace("-", "_") if flag.startswith("--") else ""
+        if name not in declared:
+            if not flag.startswith("-"):
+                raise ConfigError(f"Got unexpected extra argument ({item}) (see `{ctx.command_path} --help`)")
+            flags = [o for p in ctx.command.params for o in p.opts] + [o.flag for o in declared.values()]
+            close = difflib.get_close_matches(flag, flags, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"No such option: {flag}.{hint} (see `{ctx.command_path} --help`)")
+        if not sep:
+            value = next(items, "")
+            if not value or value.startswith("--"):
+                raise ConfigError(f"option {flag} needs a value ({', '.join(declared[name].choices)})")
+        given[name] = value
+    return given
+
+
+def _options_epilog() -> list[str]:
+    """The backend options, for ``run --help``: read from the installed backends' declarations."""
+    from ..backend import registry
+
+    lines = []
+    for name in registry.backend_names():
+        backend = registry.load(name).backend
+        for option in backend.options if backend is not None else ():
+            lines.append(f"{option.flag} {{{'|'.join(option.choices)}}} ({name} only; default {option.default}): "
+                         f"{option.help}")
+    return lines
+
+
+class _WithBackendOptions(TyperCommand):
+    """``run --help`` ends with the options the installed backends declare (read only when help is shown)."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_help(ctx, formatter)     # typer prints its rich help itself
+        lines = _options_epilog()
+        if lines:
+            click.echo("\n Backend options (checked against the target's own):")
+            for line in lines:
+                click.echo(f"   {line}")
+
+
+def _emit(record: Any, format: Format, human: Any) -> None:
+    if format is Format.json:
+        print(json.dumps(record, indent=2))
+    else:
+        human(record)
+
+
+@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+             epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt\n\n"
+             "Checkpoints: xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 --checkpoint-dir ckpt\n\n"
+             "Resume: xbridge run programs/gpt.py --backend xla-cpu --steps 200 --resume ckpt --checkpoint-dir ckpt",
+             cls=_WithBackendOptions)
+def run(
+    ctx: typer.Context,
+    program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
+    backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
+    steps: int = typer.Option(30, help="Optimizer steps to run (warm-up included)."),
+    warmup: Optional[int] = typer.Option(None, help="Leading steps excluded from timing, where tracing and compilation happen (default 2)."),
+    seed: Optional[int] = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, fp16-mixed or params=...,compute=...,output=..."),
+    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
+    dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
+    save_state: Optional[Path] = typer.Option(None, help="Write the final parameters and buffers (eager names) to this .npz file."),
+    init_state: Optional[Path] = typer.Option(None, help="Start from these weights (.npz under the eager names) instead of building them from the seed."),
+    trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
+    checkpoint_dir: Optional[Path] = typer.Option(None, help="Write checkpoints here: at the end, every --checkpoint-every steps and on Ctrl-C."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
+    keep: int = typer.Option(3, help="Newest checkpoints kept in --checkpoint-dir."),
+    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint (a step-NNNNNNNN directory, or a checkpoint directory: its newest); --steps stays the total."),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Resume a checkpoint written by another program config (shapes must still match)."),
+    format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
+) -> None:
+    """Run a program on one target and report per-step loss and step time. Backend options (e.g. --sharding-mode)
+    are listed at the end of this help."""
+    from ..run.loop import RunOptions, run as run_program
+    from .progress import progress_bar
+    from .tables import print_run
+
+    backend_options = _backend_options(ctx)
+    options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
+                         trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
+                         checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                         allow_config_change=allow_config_change)
+    prog = _load(program, precision, seed, mesh)
+    weights = read_npz(init_state, "--init-state") if init_state is not None else None
+    if out is not None:
+        check_writable(out, "--out")
+    with progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
+        result = run_program(prog, backend, options, progress=tick, weights=weights)
+    if out is not None:
+        result.written = str(out / "run.json")
+        write_json(out / "run.json", result.to_json())
+    if format is Format.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_run(result)
+
+
+@app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out out/compare")
+def compare(
+    program: str = typer.Argument(..., help="Program file."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option (e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; eager-cpu is always run as the reference."),
+    steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
+    warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
+    devices: int = typer.Option(1, help="Devices for sharded targets (eager always uses 1)."),
+    precision: Optional[str] = typer.Option(None, help="Override the program's precision."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout."),
+    out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and each run's run.json."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Run the program on several targets, each in its own process, and compare them side by side."""
+    from ..compare.job import CompareOptions, compare as run_compare
+    from .progress import target_progress
+    from .tables import print_compare
+
+    prog = _load(program, precision, mesh=mesh)
+    check_writable(out, "--out")
+    options = CompareOptions(targets=_target_list(backends), steps=steps, warmup=warmup, devices=devices,
+                             precision=precision, mesh=mesh, timeout_s=timeout)
+    with target_progress(enabled=format is Format.human, label=f"compare {prog.name}") as tick:
+        record = run_compare(program, prog, options, out, progress=tick)
+    _emit(record, format, print_compare)
+    if any(row["status"] != "ok" for row in record["targets"]):
+        raise typer.Exit(1)
+
+
+@app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh data=-1,model=2 --bisect")
+def parity(
+    program: str = typer.Argument(..., help="Program file."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets to check, each optionally TARGET:OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla). Default: every target available here."),
+    steps: int = typer.Option(20, help="Steps to compare."),
+    devices: int = typer.Option(1, help="Devices for sharded targets."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision (the reference runs it too; the fp32 deviation is reported as well)."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output deviates (hooks on every module, first batch)."),
+    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped."),
+    out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each target's state."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
+    from ..parity.job import ParityOptions, check, write
+    from .progress import target_progress
+    from .tables import print_parity
+
+    prog = _load(program, precision, mesh=mesh)
+    check_writable(out, "--out")
+    options = ParityOptions(targets=_target_list(backends), steps=steps, devices=devices, precision=precision,
+                            mesh=mesh, bisect=bisect, timeout_s=timeout)
+    with target_progress(enabled=format is Format.human, label=f"parity {prog.name}") as tick:
+        record = check(program, prog, options, out, progress=tick)
+    write(out, record)
+    _emit(record, format, print_parity)
+    if not record["passed"]:
+        raise typer.Exit(1)
+
+
+@app.command(epilog="Example: xbridge backends --format json")
+def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
+    """List every known target: available here, or the reason it is not; versions and device counts."""
+    from ..backend.registry import describe
+    from .tables import print_backends
+
+    rows = describe()
+    _emit(rows, format, print_backends)
+
+
+@app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")
+def inspect(
+    program: str = typer.Argument(..., help="Program file."),
+    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    precision: Optional[str] = typer.Option(None, help="Override the precision (changes parameter bytes)."),
+    format: Format = typer.Option(Format.human, "--format"),
+) -> None:
+    """Print parameter count, FLOPs per step and the sharding plan, without running anything."""
+    from ..compare.flops import flops_per_step
+    from ..planner import plan
+    from .tables import print_inspect
+
+    prog = _load(program, precision, mesh=mesh)
+    the_plan = plan(prog, devices)
+    info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
+            "flops_per_step": flops_per_step(prog), "batch_size": prog.data.batch_size, "plan": the_plan.to_json()}
+    _emit(info, format, print_inspect)
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
+    try:
+        code = app(args=argv, prog_name="xbridge", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument, bad value
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "xbridge"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(message, file=sys.stderr)
+        else:
+            print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except XBridgeError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

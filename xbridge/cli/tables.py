@@ -1,0 +1,143 @@
+"""The commands' output for a person: rich tables on stdout."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..run.record import RunRecord
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def print_run(result: RunRecord) -> None:
+    s = result.summary
+    table = Table(title=f"{escape(result.program)} on {result.target} ({result.precision}, "
+                        f"{result.devices} device(s), config {result.config_hash})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("first step (compile + run)", _ms(s.compile_s)),
+        (f"step time median over {s.timed_steps} steps", _ms(s.step_time_median_s)),
+        ("step time p10 / p90", f"{_ms(s.step_time_p10_s)} / {_ms(s.step_time_p90_s)}"),
+        ("samples/s", f"{s.samples_per_s:.1f}"),
+        ("tokens/s", f"{s.tokens_per_s:.0f}"),
+        ("loss first -> final", f"{s.first_loss:.4f} -> {s.final_loss:.4f}"),
+        ("recompiles after warm-up", str(s.recompiles_after_warmup)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if result.resumed_from:
+        changed = f" (config changed: {', '.join(result.config_changes)})" if result.config_changes else ""
+        console.print(f"resumed from {escape(result.resumed_from)} at step {result.start_step}{changed}")
+    if result.checkpoints:
+        console.print(f"checkpoints written: {len(result.checkpoints)}, last {escape(result.checkpoints[-1])}")
+    if result.written:
+        console.print(f"wrote {escape(result.written)}")
+
+
+def print_backends(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="xbridge targets")
+    for col in ("target", "status", "devices", "versions / reason"):
+        table.add_column(col)
+    for row in rows:
+        detail = ", ".join(f"{k} {v}" for k, v in row["versions"].items()) if row["available"] else row["reason"]
+        table.add_row(row["target"], "[green]available[/]" if row["available"] else "[red]unavailable[/]",
+                      "any (virtual)" if row["devices"] is None else str(row["devices"]), escape(detail or ""))
+    console.print(table)
+
+
+def print_inspect(info: dict[str, Any]) -> None:
+    plan = info["plan"]
+    mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    console.print(f"program [bold]{escape(info['program'])}[/] (config {info['config_hash']}), precision {info['precision']}")
+    console.print(f"mesh {mesh} over {plan['devices']} device(s); batch spec {tuple(plan['batch'])}")
+    console.print(f"parameters: {plan['total_params']:,}; bytes per device: {_bytes(plan['bytes_per_device'])}")
+    console.print(f"model FLOPs per step (forward + backward, global batch of {info['batch_size']}): "
+                  f"{info['flops_per_step'] / 1e9:.3f} GFLOP")
+    table = Table(title="sharding plan")
+    for col in ("parameter", "shape", "dtype", "spec", "rule", "shard shape", "bytes/device"):
+        table.add_column(col, justify="right" if col == "bytes/device" else "left")
+    for p in plan["params"]:
+        spec = "(" + ", ".join("None" if e is None else str(e) for e in p["spec"]) + ")"
+        table.add_row(escape(p["name"]), str(tuple(p["shape"])), p["dtype"], escape(spec), escape(p["rule"] or "-"),
+                      str(tuple(p["shard_shape"])), _bytes(p["shard_bytes"]))
+    console.print(table)
+
+
+def print_compare(record: dict[str, Any]) -> None:
+    table = Table(title=f"{escape(record['program'])}: {record['precision']}, {record['options']['steps']} steps "
+                        f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
+                        f"config {record['config_hash']}")
+    columns = ("target", "status", "compile s", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
+               "peak RSS", "recompiles", "final loss", "max loss dev")
+    for col in columns:   # a target variant (xla-cpu:xla-mode=openxla) wraps rather than being cut short
+        table.add_column(col, justify="left" if col in ("target", "status") else "right",
+                         overflow="fold" if col == "target" else "ellipsis")
+    for row in record["targets"]:
+        if row["status"] != "ok":
+            first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""
+            table.add_row(row["target"], f"[red]{row['status']}[/]", escape(first), *[""] * (len(columns) - 3))
+            continue
+        m = row["metrics"]
+        dev = m.get("max_loss_dev")
+        dev_text = "-" if dev is None else (f"{dev:.1e}" + ("" if m.get("loss_parity") else " [red]FAIL[/]"))
+        table.add_row(row["target"], "[green]ok[/]", f"{m['compile_s']:.2f}",
+                      f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
+                      f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
+                      f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
+                      f"{m['final_loss']:.4f}", dev_text)
+    console.print(table)
+    peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}
+    for source in sorted(peaks):
+        console.print(f"peak: {escape(source)}")
+    for path in record.get("written", []):
+        console.print(f"wrote {escape(path)}")
+
+
+def print_parity(record: dict[str, Any]) -> None:
+    tol = record["tolerance"]
+    table = Table(title=f"parity of {escape(record['program'])} ({record['precision']}, {record['steps']} steps, "
+                        f"{record['devices']} device(s)) against eager-cpu; limits: loss {tol['loss_rtol']:g}, "
+                        f"params {tol['param_rtol']:g}")
+    columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
+    bisect = any("first_divergent_module" in r for r in record["targets"])
+    fp32 = any("fp32_max_loss_dev" in r for r in record["targets"])
+    if fp32:
+        columns.append("vs fp32 loss dev")
+    if bisect:
+        columns.append("first divergent module")
+    for col in columns:
+        table.add_column(col)
+    for r in record["targets"]:
+        if r["verdict"] == "error":
+            table.add_row(r["target"], "[red]error[/]", escape(r["error"].splitlines()[0]), *[""] * (len(columns) - 3))
+            continue
+        cells = [r["target"], "[green]pass[/]" if r["verdict"] == "pass" else "[red]FAIL[/]",
+                 f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})",
+                 "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
+                 f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"]
+        if fp32:
+            cells.append(f"{r.get('fp32_max_loss_dev', float('nan')):.2e}")
+        if bisect:
+            found = r.get("first_divergent_module")
+            cells.append("none" if found is None else f"{escape(found['module'])} ({found['deviation']:.2e})")
+        table.add_row(*cells)
+    console.print(table)

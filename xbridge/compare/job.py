@@ -1,0 +1,159 @@
+"""``xbridge compare``: every target in its own ``xbridge run`` subprocess (xbridge/run/isolated.py), then the
+derived numbers (throughput, FLOP/s, MFU, memory, loss parity), one table, JSON, CSV and plots."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..errors import ConfigError
+from ..ir.program import Program
+from ..parity import policy
+from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_targets, run_target
+from .peaks import Peak
+
+
+@dataclass
+class CompareOptions:
+    targets: list[str] | None = None     # None: every target available here
+    steps: int = 20
+    warmup: int = 3
+    devices: int = 1
+    precision: str | None = None
+    mesh: str | None = None
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 2 or not 0 < self.warmup < self.steps:
+            raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and {self.warmup}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+
+    def child(self) -> ChildOptions:
+        return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s)
+
+
+@dataclass
+class TargetMetrics:
+    """A finished target's row of the comparison."""
+
+    compile_s: float
+    step_ms_median: float
+    step_ms_p10: float
+    step_ms_p90: float
+    samples_per_s: float
+    tokens_per_s: float
+    achieved_tflops: float
+    peak_tflops: float
+    mfu: float
+    peak_source: str
+    peak_host_rss_mib: float
+    device_peak_mib: float | None
+    recompiles: int | None
+    final_loss: float
+    max_loss_dev: float | None = None      # against the reference, when it finished
+    max_loss_dev_at: int | None = None
+    loss_parity: bool | None = None
+    final_loss_dev: float | None = None
+
+
+def _peak_for(run: TargetRun, dtype: str, cpu_peaks: dict[str, Peak]) -> tuple[Peak, int]:
+    from .peaks import known_peak, measure_cpu_gemm
+
+    assert run.result is not None
+    if run.result.target.endswith("-cpu"):
+        if dtype not in cpu_peaks:
+            cpu_peaks[dtype] = measure_cpu_gemm(dtype)
+        return cpu_peaks[dtype], 1   # virtual CPU devices share the same cores
+    kind = run.result.device_kind
+    peak = known_peak(kind, dtype)
+    return (peak, run.devices) if peak else (Peak(float("nan"), f"unknown accelerator {kind!r}"), run.devices)
+
+
+def metrics_of(program: Program, runs: list[TargetRun], flops: int) -> dict[str, TargetMetrics]:
+    """The derived numbers of every finished target, by target: throughput, FLOP/s, MFU, memory, loss parity."""
+    ref = next((r.result for r in runs if r.target == REFERENCE and r.result is not None), None)
+    tol = policy.tolerance(program.precision)
+    cpu_peaks: dict[str, Peak] = {}
+    out = {}
+    for run in runs:
+        result = run.result
+        if result is None:
+            continue
+        s = result.summary
+        peak, devices = _peak_for(run, program.precision.compute, cpu_peaks)
+        achieved = flops / s.step_time_median_s
+        metrics = TargetMetrics(
+            compile_s=s.compile_s, step_ms_median=s.step_time_median_s * 1e3, step_ms_p10=s.step_time_p10_s * 1e3,
+            step_ms_p90=s.step_time_p90_s * 1e3, samples_per_s=s.samples_per_s, tokens_per_s=s.tokens_per_s,
+            achieved_tflops=achieved / 1e12, peak_tflops=peak.flops * devices / 1e12,
+            mfu=achieved / (peak.flops * devices), peak_source=peak.source,
+            peak_host_rss_mib=result.peak_host_rss_bytes / 2 ** 20,
+            device_peak_mib=result.device_peak_bytes / 2 ** 20 if result.device_peak_bytes else None,
+            recompiles=s.recompiles_after_warmup, final_loss=s.final_loss)
+        if ref is not None:
+            losses, ref_losses = result.losses, ref.losses
+            dev = policy.loss_deviation(ref_losses, losses, tol)
+            metrics.max_loss_dev, metrics.max_loss_dev_at, metrics.loss_parity = dev.value, dev.where, dev.ok
+            metrics.final_loss_dev = abs(losses[-1] - ref_losses[-1]) / abs(ref_losses[-1])
+        out[run.target] = metrics
+    return out
+
+
+CSV_FIELDS = ["target", "status", "devices", *(f.name for f in dataclasses.fields(TargetMetrics)), "error"]
+
+
+def write_outputs(out: Path, record: dict[str, Any]) -> list[Path]:
+    from ..files import write_atomic, write_json
+    from .plots import draw
+
+    paths = [write_json(out / "results.json", record)]
+
+    def write_csv(handle: Any) -> None:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in record["targets"]:
+            writer.writerow({"target": row["target"], "status": row["status"], "devices": row["devices"],
+                             "error": (row.get("error") or "").splitlines()[0] if row.get("error") else "",
+                             **row.get("metrics", {})})
+
+    paths.append(write_atomic(out / "results.csv", write_csv))
+    paths += draw(out, record)
+    return paths
+
+
+def compare(program_ref: str, program: Program, options: CompareOptions, out: Path,
+            progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every target, one at a time (concurrent targets would share the cores and spoil the timings), and
+    return the comparison record (``results.json``): one row per target, its run record and derived metrics."""
+    from ..run.loop import machine
+    from .flops import flops_per_step
+
+    targets = resolve_targets(options.targets)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for target in targets:
+        run = run_target(program_ref, target, options.child(), out / "runs")
+        runs.append(run)
+        if progress is not None:
+            progress(target, run.to_json())
+    flops = flops_per_step(program)
+    metrics = metrics_of(program, runs, flops)
+    rows = []
+    for run in runs:
+        row = run.to_json()
+        if run.target in metrics:
+            row["metrics"] = dataclasses.asdict(metrics[run.target])
+            row["losses"] = run.result.losses if run.result else []
+        rows.append(row)
+    record = {
+        "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
+        "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
+        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": REFERENCE, "targets": rows,
+    }
+    record["written"] = [str(p) for p in write_outputs(out, record)]
+    return record

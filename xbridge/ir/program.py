@@ -1,0 +1,104 @@
+"""The program: what a user writes once. A frozen dataclass whose non-callable fields serialise to JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import serialize
+from .data import ByteText, Digits
+from ..errors import ConfigError
+from .mesh import Mesh
+from .optim import SGD, AdamW
+from .precision import Precision, parse_precision
+from .sharding import Sharding
+
+
+@serialize.register
+@dataclass(frozen=True)
+class StepOptions:
+    """``grad_accum``: the global batch is split into this many micro-batches whose mean-loss gradients are
+    averaged (the result equals one step on the whole batch); ``clip_grad_norm``: clip gradients by their global
+    L2 norm (torch.nn.utils.clip_grad_norm_ semantics) before the update; None disables it."""
+
+    grad_accum: int = 1
+    clip_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            raise ConfigError(f"StepOptions grad_accum must be a positive int, got {self.grad_accum!r}")
+        if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float))
+                                                    and self.clip_grad_norm > 0):
+            raise ConfigError(f"StepOptions clip_grad_norm must be a number > 0 or None, got {self.clip_grad_norm!r}")
+
+
+_CALLABLE = {"callable": True}
+
+
+@serialize.register
+@dataclass(frozen=True)
+class Program:
+    """One training program. ``model`` builds the ``nn.Module`` (called under the program's seed); ``loss(model,
+    batch)`` returns a scalar tensor; ``data`` yields the global batch per step."""
+
+    name: str
+    model: Callable[[], Any] = field(metadata=_CALLABLE, compare=False)
+    loss: Callable[[Any, dict], Any] = field(metadata=_CALLABLE, compare=False)
+    data: ByteText | Digits = None  # type: ignore[assignment]
+    optimizer: SGD | AdamW = None  # type: ignore[assignment]
+    precision: Precision = "fp32"  # type: ignore[assignment]
+    mesh: Mesh = field(default_factory=lambda: Mesh(data=-1))
+    sharding: Sharding = field(default_factory=Sharding)
+    step: StepOptions = field(default_factory=StepOptions)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"Program name must be a non-empty string, got {self.name!r}")
+        for attr, kind in (("model", "a function that builds the nn.Module"),
+                           ("loss", "a function loss(model, batch) -> scalar tensor")):
+            if not callable(getattr(self, attr)):
+                raise ConfigError(f"Program {self.name!r}: {attr} must be {kind}, got {type(getattr(self, attr)).__name__}")
+        if not isinstance(self.data, (ByteText, Digits)):
+            raise ConfigError(f"Program {self.name!r}: data must be an xb.data spec (ByteText, Digits), "
+                              f"got {type(self.data).__name__}")
+        if not isinstance(self.optimizer, (SGD, AdamW)):
+            raise ConfigError(f"Program {self.name!r}: optimizer must be xb.SGD(...) or xb.AdamW(...), "
+                              f"got {type(self.optimizer).__name__}")
+        object.__setattr__(self, "precision", parse_precision(self.precision))
+        if isinstance(self.mesh, dict):
+            object.__setattr__(self, "mesh", Mesh(self.mesh))
+        if not isinstance(self.mesh, Mesh):
+            raise ConfigError(f"Program {self.name!r}: mesh must be xb.Mesh(...), got {type(self.mesh).__name__}")
+        if not isinstance(self.sharding, Sharding):
+            raise ConfigError(f"Program {self.name!r}: sharding must be xb.Sharding(...), "
+                              f"got {type(self.sharding).__name__}")
+        if isinstance(self.step, dict):
+            object.__setattr__(self, "step", StepOptions(**self.step))
+        if not isinstance(self.step, StepOptions):
+            raise ConfigError(f"Program {self.name!r}: step must be xb.StepOptions(...), got {type(self.step).__name__}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"Program {self.name!r}: seed must be an int >= 0, got {self.seed!r}")
+        if self.data.batch_size % self.step.grad_accum:
+            raise ConfigError(f"Program {self.name!r}: batch_size {self.data.batch_size} is not divisible by "
+                              f"grad_accum {self.step.grad_accum}")
+
+    def config(self) -> dict[str, Any]:
+        """Every non-callable field as JSON-ready data."""
+        return serialize.to_config(self)
+
+    @property
+    def config_hash(self) -> str:
+        return serialize.config_hash(self)
+
+    def replace(self, **changes: Any) -> "Program":
+        """A copy with fields changed (validated again), e.g. ``program.replace(precision="bf16-mixed")``."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_config(cls, data: dict[str, Any], model: Callable, loss: Callable) -> "Program":
+        program = serialize.from_config(data, model=model, loss=loss)
+        if not isinstance(program, cls):
+            raise ConfigError(f"config describes a {data.get('kind')!r}, not a Program")
+        return program

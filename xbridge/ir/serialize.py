@@ -1,0 +1,69 @@
+"""JSON form of the IR: every non-callable field round-trips, and the canonical JSON gives a stable hash.
+
+Each IR dataclass registers itself with :func:`register`; its JSON form is ``{"kind": ClassName, **fields}``.
+Constructors normalise lists back to tuples, so ``from_config(to_config(x)) == x``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from ..errors import ConfigError
+
+_KINDS: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    _KINDS[cls.__name__] = cls
+    return cls
+
+
+def to_config(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if type(obj).__name__ not in _KINDS:
+            raise ConfigError(f"{type(obj).__name__} is not a serialisable xbridge IR type")
+        out: dict[str, Any] = {"kind": type(obj).__name__}
+        for f in dataclasses.fields(obj):
+            if f.metadata.get("callable"):
+                continue
+            out[f.name] = to_config(getattr(obj, f.name))
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_config(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_config(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise ConfigError(f"value {obj!r} of type {type(obj).__name__} cannot be written to JSON")
+
+
+def from_config(data: Any, **callables: Any) -> Any:
+    """Rebuild IR objects from :func:`to_config` output. ``callables`` fill the top object's callable fields."""
+    if isinstance(data, dict) and "kind" in data:
+        kind = data["kind"]
+        cls = _KINDS.get(kind)
+        if cls is None:
+            raise ConfigError(f"unknown IR kind {kind!r} in config (known: {', '.join(sorted(_KINDS))})")
+        fields = {k: from_config(v) for k, v in data.items() if k != "kind"}
+        return cls(**fields, **callables)
+    if isinstance(data, list):
+        return [from_config(v) for v in data]
+    if isinstance(data, dict):
+        return {k: from_config(v) for k, v in data.items()}
+    return data
+
+
+def canonical_json(obj: Any, leave_out: tuple[str, ...] = ()) -> str:
+    """Key-sorted, compact JSON of ``obj``'s config; ``leave_out`` drops top-level fields."""
+    data = to_config(obj)
+    if leave_out:
+        data = {k: v for k, v in data.items() if k not in leave_out}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def config_hash(obj: Any, leave_out: tuple[str, ...] = ()) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON: stable across processes and machines."""
+    return hashlib.sha256(canonical_json(obj, leave_out).encode()).hexdigest()[:16]

@@ -1,0 +1,126 @@
+"""``xbridge parity``: one set of initial weights, one batch stream, every target against the eager reference.
+
+The weights are built once here and handed to every target's process (``xbridge run --init-state``); each target
+writes its per-step losses and final state (``--save-state``) and, with ``--bisect``, every module's output on the
+first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ConfigError
+from ..files import read_npz, write_json, write_npz
+from ..ir.program import Program
+from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_targets, run_target
+from . import policy
+from .divergence import first_divergence
+
+
+@dataclass
+class ParityOptions:
+    targets: list[str] | None = None
+    steps: int = 20
+    devices: int = 1
+    precision: str | None = None
+    mesh: str | None = None
+    bisect: bool = False
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 2:
+            raise ConfigError(f"parity needs --steps >= 2, got {self.steps}")
+
+
+@dataclass
+class TargetOutcome:
+    """A target's run and what parity reads back from its files."""
+
+    run: TargetRun
+    state: dict[str, np.ndarray] | None = None
+    trace: dict[str, np.ndarray] | None = None
+
+    @property
+    def losses(self) -> list[float]:
+        assert self.run.result is not None
+        return self.run.result.losses
+
+
+def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weights_file: Path,
+         precision: str | None, tag: str) -> TargetOutcome:
+    state = out / "states" / f"{tag}.npz"
+    trace = out / "traces" / f"{tag}.npz"
+    extra = ["--init-state", str(weights_file), "--save-state", str(state)]
+    if options.bisect:
+        extra += ["--trace-modules", str(trace)]
+    child = ChildOptions(steps=options.steps, warmup=min(2, options.steps - 1), devices=options.devices,
+                         precision=precision, mesh=options.mesh, timeout_s=options.timeout_s, extra=extra)
+    outcome = TargetOutcome(run_target(program_ref, target, child, out / "runs" / tag))
+    if outcome.run.status == "ok":
+        outcome.state = read_npz(state, "--save-state")
+        outcome.trace = read_npz(trace, "--trace-modules") if options.bisect else None
+    return outcome
+
+
+def check(program_ref: str, program: Program, options: ParityOptions, out: Path,
+          progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    from ..weights import initial_weights
+
+    targets = [t for t in resolve_targets(options.targets) if t != REFERENCE] or [REFERENCE]
+    out.mkdir(parents=True, exist_ok=True)
+    weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
+    ref = _run(program_ref, REFERENCE, options, out, weights_file, options.precision, "reference")
+    if progress:
+        progress(f"{REFERENCE} (reference)", ref.run.to_json())
+    if ref.run.status != "ok":
+        first = (ref.run.error or "").splitlines()[0]
+        raise ConfigError(f"the eager reference failed, nothing to compare with: {first}")
+    fp32 = None
+    if program.precision.name != "fp32":
+        fp32 = _run(program_ref, REFERENCE, options, out, weights_file, "fp32", "reference-fp32")
+    tol = policy.tolerance(program.precision)
+    rows = []
+    for target in targets:
+        row = _run(program_ref, target, options, out, weights_file, options.precision, target)
+        entry: dict[str, Any] = {"target": target, "status": row.run.status, "devices": row.run.devices}
+        if row.run.result is None or row.state is None:
+            entry |= {"verdict": "error", "error": row.run.error}
+        else:
+            assert ref.state is not None
+            loss = policy.loss_deviation(ref.losses, row.losses, tol)
+            params = policy.param_deviation(ref.state, row.state, tol)
+            rel = np.abs(np.array(row.losses) - np.array(ref.losses)) / np.abs(np.array(ref.losses))
+            failing = np.flatnonzero(~(rel <= tol.loss_rtol))
+            entry |= {
+                "verdict": "pass" if loss.ok and params.ok else "FAIL",
+                "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": tol.loss_rtol,
+                "first_failing_step": int(failing[0]) if failing.size else None,
+                "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": tol.param_rtol,
+                "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
+            }
+            if fp32 is not None and fp32.run.result is not None:
+                entry["fp32_max_loss_dev"] = policy.loss_deviation(fp32.losses, row.losses, tol).value
+            if options.bisect and ref.trace is not None and row.trace is not None:
+                found = first_divergence(ref.trace, row.trace, tol.loss_rtol)
+                entry["first_divergent_module"] = None if found is None else {"module": found[0], "deviation": found[1]}
+        rows.append(entry)
+        if progress:
+            progress(target, entry)
+    return {
+        "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
+        "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
+        "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
+        "reference": {"target": REFERENCE, "losses": ref.losses},
+        "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
+                                                     "losses": fp32.losses if fp32.run.result else None},
+        "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows),
+    }
+
+
+def write(out: Path, record: dict[str, Any]) -> Path:
+    return write_json(out / "parity.json", record)

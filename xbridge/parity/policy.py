@@ -1,0 +1,104 @@
+"""The tolerance policy (docs/parity.md) and the comparisons that apply it. One place for every backend and test.
+
+Losses are compared step by step as ``|loss - ref| / |ref|``. Parameters are compared per tensor as
+``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)`` (relative L2 error: a few near-zero elements whose Adam steps
+flip sign do not dominate it, a drifting tensor does). The floor keeps tensors that start at zero (biases) from
+being judged against their own tiny magnitude. Both bounds hold for runs of up to ``horizon`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..ir.precision import Precision, parse_precision
+
+
+# The usual init std (GPT-2's initializer_range, this project's programs). Measured reason: an unmodified Hugging
+# Face GPT-2's c_attn.bias holds the key bias, whose true gradient is zero (softmax ignores a constant shift); Adam
+# normalises the rounding noise of that zero into full-size steps, so after 20 fp32 steps it differs by about 1e-4
+# of its own RMS (0.003) between backends, 5.1e-5 against the floor, while every other tensor agrees to 1e-6.
+PARAM_SCALE_FLOOR = 0.02
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss_rtol: float
+    param_rtol: float
+    horizon: int
+    why: str
+
+
+# Bases: torch.testing.assert_close's default rtol per dtype (float32 1.3e-6, bfloat16 1.6e-2, float16 1e-3) and
+# jax's test tolerances (float32 1e-6, bfloat16 1e-2, float16 1e-3), widened for 20 training steps by the
+# measurements in docs/parity.md (eager vs jax on both shipped programs, 1 and 8 devices, gspmd and shard_map).
+POLICY: dict[str, Tolerance] = {
+    "fp32": Tolerance(1e-5, 1e-4, 20, "goal of the parity issue; measured <= 2.3e-7 (loss) and 2.0e-6 (params)"),
+    "bf16-mixed": Tolerance(1.6e-2, 3e-2, 20, "torch.testing's bf16 rtol for the loss (measured <= 3.4e-4); params "
+                                                "widened from 1.6e-2: measured up to 1.2e-2 (mlp, 4 devices)"),
+    "bf16-true": Tolerance(1.6e-2, 1e-1, 20, "torch.testing's bf16 rtol for the loss (measured 2.0e-3); params "
+                                               "widened: measured 4.5e-2, bf16 parameters and Adam state round at "
+                                               "every update and near-zero gradients flip Adam's step sign"),
+    "fp16-mixed": Tolerance(1e-3, 1e-2, 20, "torch.testing's fp16 rtol for the loss (measured 7.4e-5); params "
+                                              "widened from 1e-3: measured 2.4e-3"),
+}
+
+
+def tolerance(precision: "Precision | str") -> Tolerance:
+    """The policy for a precision; a custom policy takes that of its lowest-precision dtype."""
+    policy = parse_precision(precision)
+    name = policy.name
+    if name in POLICY:
+        return POLICY[name]
+    if "float16" in (policy.params, policy.compute, policy.output):
+        return POLICY["fp16-mixed"]
+    if policy.params == "bfloat16":
+        return POLICY["bf16-true"]
+    if "bfloat16" in (policy.compute, policy.output):
+        return POLICY["bf16-mixed"]
+    return POLICY["fp32"]
+
+
+@dataclass(frozen=True)
+class Deviation:
+    value: float
+    where: str      # the step (losses) or the parameter name (parameters)
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.isfinite(self.value)) and self.value <= self.limit
+
+
+def loss_deviation(reference: Sequence[float], losses: Sequence[float], tol: Tolerance) -> Deviation:
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(losses, dtype=np.float64)
+    if ref.shape != got.shape:
+        return Deviation(float("inf"), f"{len(got)} steps vs {len(ref)} in the reference", tol.loss_rtol)
+    rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-12)
+    rel = np.where(np.isfinite(got), rel, np.inf)
+    step = int(np.argmax(rel))
+    return Deviation(float(rel[step]), f"step {step}", tol.loss_rtol)
+
+
+def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarray], tol: Tolerance) -> Deviation:
+    missing = sorted(set(reference) ^ set(params))
+    if missing:
+        return Deviation(float("inf"), f"names differ: {missing[:3]}", tol.param_rtol)
+    worst, where = 0.0, ""
+    for name, ref in reference.items():
+        if not np.issubdtype(ref.dtype, np.floating):
+            continue
+        got = params[name]
+        if got.shape != ref.shape:
+            return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
+        ref64 = ref.astype(np.float64)
+        rms_diff = float(np.sqrt(np.mean((got.astype(np.float64) - ref64) ** 2))) if ref.size else 0.0
+        value = rms_diff / max(float(np.sqrt(np.mean(ref64 ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
+        if not np.isfinite(value):
+            value = float("inf")
+        if value > worst or not where:
+            worst, where = value, name
+    return Deviation(worst, where, tol.param_rtol)

@@ -1,0 +1,73 @@
+"""Load a program file: ``path.py`` (its ``program``) or ``path.py:NAME``.
+
+The loader records where each program came from (:func:`source_of`), so a backend that loads the program again in
+other processes finds the file without guessing from module names. The module's name is derived from the file's
+path with SHA-256, never with ``hash()`` (salted per process): compilers put the name of the module that holds
+``torch`` into cache keys, and a name that changed per process made every compile cache miss (issue #20)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from .errors import ProgramError, XBridgeError
+from .ir.program import Program
+
+# (file, attribute, program) of every program loaded in this process, oldest first
+_LOADED: list[tuple[str, str, Program]] = []
+
+
+def module_name_for(path: Path) -> str:
+    """The module name a program file is loaded under: the same in every process and on every run."""
+    return "xbridge_program_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+
+
+def source_of(program: Program) -> tuple[str, str] | None:
+    """The program file and attribute ``program`` (or a ``replace``d copy of it: same model and loss) came from."""
+    for file, attr, loaded in reversed(_LOADED):
+        if loaded.model is program.model and loaded.loss is program.loss:
+            return file, attr
+    return None
+
+
+def load_program(ref: str) -> Program:
+    path_text, _, attr = ref.partition(":") if not Path(ref).exists() else (ref, "", "")
+    attr = attr or "program"
+    path = Path(path_text)
+    if not path.exists():
+        raise ProgramError(f"program file {path_text!r} does not exist; pass the path of a .py file that defines "
+                           "`program = xb.Program(...)` (see programs/)")
+    if not path.is_file():
+        raise ProgramError(f"program path {path_text!r} is not a file")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"program file {path_text!r} cannot be read: {exc}") from None
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise ProgramError(f"program file {path_text!r} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    module_name = module_name_for(path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)
+    except XBridgeError as exc:
+        raise type(exc)(f"{path_text}: {exc}") from exc
+    except Exception as exc:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ProgramError(f"program file {path_text!r} raised {type(exc).__name__} at import "
+                           f"({Path(frame.filename).name}:{frame.lineno}): {exc}") from exc
+    if not hasattr(module, attr):
+        raise ProgramError(f"program file {path_text!r} defines no `{attr}`; add `{attr} = xb.Program(...)`")
+    program = getattr(module, attr)
+    if not isinstance(program, Program):
+        raise ProgramError(f"`{attr}` in {path_text!r} is a {type(program).__name__}, not an xb.Program; "
+                           f"assign `{attr} = xb.Program(...)`")
+    _LOADED.append((str(path.resolve()), attr, program))
+    return program

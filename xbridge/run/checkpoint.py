@@ -1,0 +1,271 @@
+"""Portable checkpoints: one format for every backend, written atomically, verified before anything is loaded.
+
+A checkpoint is a directory ``step-NNNNNNNN`` (the number of completed optimizer steps) holding
+
+- ``model.safetensors``: parameters and buffers, full (unsharded) arrays under the eager state_dict names;
+- ``train.safetensors``: everything else the next step depends on, under backend-neutral names:
+  ``optim/<param>/<key>`` (torch.optim's per-parameter keys: ``step``, ``exp_avg``, ``exp_avg_sq``,
+  ``momentum_buffer``), ``loop/updates`` (the schedule's count), ``scaler/*`` (dynamic loss scaling) and
+  ``rng/*`` (framework RNG states);
+- ``manifest.json``: step, data position, program config and its hashes, precision, target, mesh, versions, and
+  the size and SHA-256 of both tensor files.
+
+Floating arrays are stored in float32 (exact for bf16 and fp16 state; the manifest records the dtype the run kept
+them in). Nothing is pickled: safetensors holds only a JSON header and raw bytes, so loading never runs code.
+
+Saving writes every file into a hidden temporary directory next to the checkpoints, fsyncs the files and the
+directory, then renames it into place: a process killed at any moment leaves either the new checkpoint complete
+or no trace of it besides a ``.tmp-*`` directory, which the next save removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError, RunError
+from ..ir import serialize
+from ..ir.program import Program
+
+FORMAT = "xbridge-checkpoint"
+VERSION = 1
+MODEL_FILE, TRAIN_FILE, MANIFEST = "model.safetensors", "train.safetensors", "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def resume_hash(program: Program) -> str:
+    """The config hash without the mesh and the sharding rules: they change where arrays live, not the
+    arithmetic, so a checkpoint resumes under another mesh (resharding on load)."""
+    return serialize.config_hash(program, leave_out=("mesh", "sharding"))
+
+
+def step_dir(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``directory`` (renamed into place, manifest present), oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in directory.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / MANIFEST).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def locate(path: Path) -> Path:
+    """``path`` itself when it is a checkpoint, else the newest checkpoint in the directory ``path``."""
+    if (path / MANIFEST).is_file():
+        return path
+    if not path.exists():
+        raise CheckpointError(f"--resume {str(path)!r} does not exist")
+    found = list_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"--resume {str(path)!r} holds no checkpoint (no step-NNNNNNNN/{MANIFEST})")
+    return found[-1][1]
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> dict[str, Any]:
+    with open(path, "xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _describe(arrays: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+    return {name: [str(a.dtype), list(a.shape)] for name, a in arrays.items()}
+
+
+def _first_nonfinite(arrays: dict[str, np.ndarray]) -> str | None:
+    for name, array in arrays.items():
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            return name
+    return None
+
+
+class Writer:
+    """Saves checkpoints of one run into ``directory``, keeping the newest ``keep``."""
+
+    def __init__(self, directory: Path, keep: int, start_step: int) -> None:
+        if keep < 1:
+            raise CheckpointError(f"--keep must be >= 1, got {keep}")
+        self.directory, self.keep = directory, keep
+        self.last: Path | None = None
+        self._check_directory(start_step)
+
+    def _check_directory(self, start_step: int) -> None:
+        directory = self.directory
+        if directory.exists() and not directory.is_dir():
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r} exists and is not a directory")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r} cannot be created: {exc.strerror}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r} is not writable")
+        later = [step for step, _ in list_checkpoints(directory) if step > start_step]
+        if later:
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints up to step "
+                                  f"{max(later)} and this run starts at step {start_step}; resume from it "
+                                  f"(--resume {directory}) or choose another directory")
+
+    def save(self, step: int, model: dict[str, np.ndarray], train: dict[str, np.ndarray],
+             info: dict[str, Any]) -> Path:
+        """Write checkpoint ``step``; refuses (RunError) a state holding NaN/Inf, keeping the last good one."""
+        import safetensors.numpy
+
+        bad = _first_nonfinite(model) or _first_nonfinite(train)
+        if bad is not None:
+            kept = f"; the last good checkpoint is {self.last}" if self.last else ""
+            raise RunError(f"not saving step {step}: {bad!r} holds NaN or Inf{kept}")
+        for stale in self.directory.glob(".tmp-step-*"):
+            shutil.rmtree(stale, ignore_errors=True)    # left by a save that was killed
+        final = step_dir(self.directory, step)
+        if final.exists():
+            raise CheckpointError(f"checkpoint {str(final)!r} already exists; it is not overwritten")
+        tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
+        tmp.mkdir()
+        files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
+        files[TRAIN_FILE] = _write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "files": files,
+                    "tensors": {MODEL_FILE: _describe(model), TRAIN_FILE: _describe(train)},
+                    "rng": sorted(k for k in train if k.startswith("rng/")),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        self.last = final
+        for _, old in list_checkpoints(self.directory)[:-self.keep]:
+            shutil.rmtree(old)
+        return final
+
+
+def manifest_info(program: Program, target: str, devices: int, mesh: dict[str, int], step: int,
+                  versions: dict[str, str]) -> dict[str, Any]:
+    return {"program": program.name, "config_hash": program.config_hash, "resume_hash": resume_hash(program),
+            "config": program.config(), "precision": program.precision.name,
+            "data": {"next_batch": step, "seed": program.seed, "batch_size": program.data.batch_size},
+            "target": target, "devices": devices, "mesh": mesh, "versions": versions}
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+@dataclass
+class Checkpoint:
+    path: Path
+    manifest: dict[str, Any]
+    weights: dict[str, np.ndarray]
+    train: dict[str, np.ndarray]
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    file = path / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint manifest {str(file)!r} cannot be read: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{str(file)!r} is not an xbridge checkpoint manifest (format {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {str(path)!r} has format version {manifest.get('version')!r}; this "
+                              f"xbridge reads version {VERSION}")
+    for key in ("step", "files", "tensors", "resume_hash", "config_hash"):
+        if key not in manifest:
+            raise CheckpointError(f"checkpoint manifest {str(file)!r} has no {key!r}")
+    return manifest
+
+
+def _read_tensors(path: Path, name: str, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+    import safetensors.numpy
+
+    file = path / name
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise CheckpointError(f"checkpoint manifest {str(path / MANIFEST)!r} lists no {name}")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint file {str(file)!r} cannot be read: {exc.strerror}") from None
+    if len(data) != expected["bytes"]:
+        raise CheckpointError(f"checkpoint file {str(file)!r} is truncated or padded: {len(data)} bytes, the "
+                              f"manifest says {expected['bytes']}")
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise CheckpointError(f"checkpoint file {str(file)!r} is corrupted: its SHA-256 differs from the manifest's")
+    arrays = safetensors.numpy.load(data)
+    for tensor, (dtype, shape) in manifest["tensors"].get(name, {}).items():
+        if tensor not in arrays:
+            raise CheckpointError(f"checkpoint file {str(file)!r} is missing tensor {tensor!r}")
+        if str(arrays[tensor].dtype) != dtype or list(arrays[tensor].shape) != shape:
+            raise CheckpointError(f"tensor {tensor!r} in {str(file)!r} is {arrays[tensor].dtype}"
+                                  f"{list(arrays[tensor].shape)}, the manifest says {dtype}{shape}")
+    return arrays
+
+
+def _check_against_program(path: Path, program: Program, weights: dict[str, np.ndarray],
+                            train: dict[str, np.ndarray]) -> None:
+    from ..weights import meta_model, shape_mismatch
+
+    problem = shape_mismatch(program, weights, f"checkpoint {str(path)!r}")
+    if problem is not None:
+        raise CheckpointError(problem)
+    model = meta_model(program)
+    params = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    for key, array in train.items():
+        if not key.startswith("optim/"):
+            continue
+        param, _, slot = key[len("optim/"):].rpartition("/")
+        if param not in params:
+            raise CheckpointError(f"checkpoint {str(path)!r} has optimizer state {key!r} for a parameter program "
+                                  f"{program.name!r} does not have")
+        if slot != "step" and tuple(array.shape) != params[param]:
+            raise CheckpointError(f"optimizer state {key!r} in checkpoint {str(path)!r} has shape "
+                                  f"{tuple(array.shape)}, parameter {param!r} is {params[param]}")
+    if "loop/updates" not in train:
+        raise CheckpointError(f"checkpoint {str(path)!r} is missing tensor 'loop/updates'")
+
+
+def load(path: Path, program: Program, allow_config_change: bool = False) -> Checkpoint:
+    """Verify and read checkpoint ``path`` for ``program``: manifest, sizes and checksums, then every tensor's
+    name and shape against the program. Raises CheckpointError (one line) on the first problem."""
+    manifest = _read_manifest(path)
+    if manifest["resume_hash"] != resume_hash(program) and not allow_config_change:
+        raise CheckpointError(f"checkpoint {str(path)!r} belongs to another program config (program "
+                              f"{manifest.get('program')!r}, config hash {manifest['config_hash']}; this is "
+                              f"{program.name!r}, {program.config_hash}); pass --allow-config-change to load it anyway")
+    weights = _read_tensors(path, MODEL_FILE, manifest)
+    train = _read_tensors(path, TRAIN_FILE, manifest)
+    _check_against_program(path, program, weights, train)
+    return Checkpoint(path, manifest, weights, train)
+
+
+def config_changes(manifest: dict[str, Any], program: Program) -> list[str]:
+    """Top-level config fields that differ between the checkpoint and ``program`` (for the run record)."""
+    old, new = manifest.get("config", {}), program.config()
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

@@ -1,0 +1,132 @@
+"""One target in its own ``xbridge run`` subprocess: what compare and parity share.
+
+Process isolation is the point: runtimes and their environment (``XLA_FLAGS``, ``PJRT_DEVICE``,
+``CPU_NUM_DEVICES``) are per process, and a target that crashes, hangs or runs out of memory is reported as such
+(with the tail of its stderr) while the others complete. A target entry may carry backend options,
+``TARGET:OPTION=VALUE`` (e.g. ``xla-cpu:xla-mode=openxla``), so that one compare races two ways of reaching the
+same compiler; the options are checked against what the backend declares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..backend import registry
+from ..errors import ConfigError
+from .record import RunRecord
+
+REFERENCE = "eager-cpu"
+
+
+@dataclass
+class ChildOptions:
+    """What every target's ``xbridge run`` gets."""
+
+    steps: int
+    warmup: int
+    devices: int = 1
+    precision: str | None = None
+    mesh: str | None = None
+    timeout_s: float = 900.0
+    extra: list[str] = field(default_factory=list)      # more ``run`` arguments
+
+
+@dataclass
+class TargetRun:
+    """How one target's process ended; ``result`` is its run record when it finished."""
+
+    target: str
+    devices: int
+    command: list[str]
+    status: str                     # ok, failed, timeout
+    error: str | None = None        # first line: why; then the tail of its stderr
+    result: RunRecord | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"target": self.target, "devices": self.devices, "command": self.command,
+                                "status": self.status}
+        if self.error is not None:
+            data["error"] = self.error
+        if self.result is not None:
+            data["result"] = self.result.to_json()
+        return data
+
+
+def available_targets() -> list[str]:
+    rows = [r["target"] for r in registry.describe() if r["available"]]
+    return sorted(rows, key=lambda t: (t != REFERENCE, t))
+
+
+def split_variant(entry: str) -> tuple[str, list[str]]:
+    """``TARGET[:OPTION=VALUE...]`` -> the canonical target and its ``run`` flags."""
+    target_text, *parts = entry.split(":")
+    target, backend = registry.resolve(target_text)
+    given: dict[str, str] = {}
+    for part in parts:
+        name, sep, value = part.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"target variant {entry!r}: {part!r} is not OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla)")
+        given[name.replace("-", "_")] = value
+    try:
+        backend.resolve_options(given, str(target))
+    except ConfigError as exc:
+        raise ConfigError(f"target variant {entry!r}: {exc}") from None
+    return str(target), [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), value)]
+
+
+def resolve_targets(requested: list[str] | None) -> list[str]:
+    """The targets to run, the reference first: every available one, or the requested ones with their variants
+    kept (``xla:xla-mode=openxla`` -> ``xla-cpu:xla-mode=openxla``)."""
+    targets = available_targets()
+    if requested:
+        targets = [":".join([split_variant(entry)[0], *entry.split(":")[1:]]) for entry in requested]
+    seen = list(dict.fromkeys(targets))
+    if REFERENCE not in seen:
+        seen.insert(0, REFERENCE)     # the baseline of loss parity
+    return seen
+
+
+def child_command(program_ref: str, target: str, options: ChildOptions, devices: int, out: Path) -> list[str]:
+    target_text, variant = split_variant(target)
+    cmd = [sys.executable, "-m", "xbridge", "run", program_ref, "--backend", target_text, *variant, "--steps",
+           str(options.steps), "--warmup", str(options.warmup), "--devices", str(devices), "--format", "json",
+           "--out", str(out)]
+    if options.precision:
+        cmd += ["--precision", options.precision]
+    if options.mesh:
+        cmd += ["--mesh", options.mesh]
+    return cmd + options.extra
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) -> TargetRun:
+    """One target in a fresh interpreter; a failure, a timeout or a kill becomes the status."""
+    _, backend = registry.resolve(split_variant(target)[0])
+    devices = options.devices if backend.sharded else 1
+    cmd = child_command(program_ref, target, options, devices, out / target)
+    run = TargetRun(target, devices, cmd, "ok")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s,
+                              env={**os.environ, "XBRIDGE_DEBUG": "0"})
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        run.status, run.error = "timeout", f"no result after {options.timeout_s:g} s\n{_tail(stderr)}"
+        return run
+    if proc.returncode != 0:
+        reason = f"exit code {proc.returncode}" if proc.returncode > 0 else f"killed by signal {-proc.returncode}"
+        run.status, run.error = "failed", f"{reason}\n{_tail(proc.stderr)}"
+        return run
+    try:
+        run.result = RunRecord.from_json(json.loads(proc.stdout))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        run.status, run.error = "failed", f"no JSON result on stdout\n{_tail(proc.stderr)}"
+    return run

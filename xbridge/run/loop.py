@@ -1,0 +1,245 @@
+"""The run loop, once for every backend: lower, load the initial weights, warm up, time steps, summarise.
+
+A step's time is wall time from handing the batch to the executable until its metrics are back on the host (the
+executable synchronises its device before returning the loss). The first ``warmup`` steps, which include tracing
+and compilation, are reported separately and excluded from the steady-state statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import __version__
+from ..backend import Backend, Executable, Target, registry
+from ..errors import BackendUnavailable, ConfigError, Interrupted, RunError
+from ..files import write_npz
+from ..ir.program import Program
+from ..planner import ShardingPlan, plan as make_plan
+from . import checkpoint
+from .record import RunRecord, RunSummary, StepRecord
+
+Progress = Callable[[int, StepRecord], None]
+
+
+@dataclass
+class RunOptions:
+    steps: int = 30
+    warmup: int | None = None     # default: 2, or steps - 1 when fewer steps are run
+    devices: int = 1
+    dump: Path | None = None
+    state_out: Path | None = None   # write the final state_dict here (.npz, no pickle)
+    trace_out: Path | None = None   # write each module's output of a forward pass on batch 0, before training
+    backend_options: dict[str, str] = field(default_factory=dict)   # checked against the backend's declared options
+    checkpoint_dir: Path | None = None     # save checkpoints here (at the end, every checkpoint_every, on Ctrl-C)
+    checkpoint_every: int | None = None
+    keep: int = 3                          # newest checkpoints kept in checkpoint_dir
+    resume: Path | None = None             # a checkpoint, or a directory whose newest checkpoint is resumed
+    allow_config_change: bool = False      # resume a checkpoint written by another program config
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write the checkpoints)")
+        if self.keep < 1:
+            raise ConfigError(f"--keep must be >= 1, got {self.keep}")
+        if self.warmup is None:
+            self.warmup = min(2, self.steps - 1)
+        if not 0 <= self.warmup < self.steps:
+            raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {self.warmup}")
+        if self.devices < 1:
+            raise ConfigError(f"--devices must be >= 1, got {self.devices}")
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def summarize(program: Program, records: list[StepRecord], warmup: int) -> RunSummary:
+    timed = np.array([r.time_s for r in records[warmup:]], dtype=np.float64)
+    median = float(np.median(timed))
+    batch = program.data.batch_size
+    return RunSummary(
+        compile_s=records[0].time_s, warmup_steps=warmup, timed_steps=int(timed.size),
+        step_time_median_s=median, step_time_p10_s=float(np.percentile(timed, 10)),
+        step_time_p90_s=float(np.percentile(timed, 90)), samples_per_s=batch / median,
+        tokens_per_s=batch * program.data.tokens_per_example / median,
+        first_loss=records[0].loss, final_loss=records[-1].loss)
+
+
+@dataclass
+class Prepared:
+    target: Target
+    backend: Backend
+    plan: ShardingPlan
+    executable: Executable
+    options: dict[str, str]      # the backend's options, defaults filled in
+
+
+def check_weights(program: Program, weights: dict[str, np.ndarray]) -> None:
+    """Weights handed in from outside (``--init-state``) must be this program's state: same names, same shapes."""
+    from ..weights import shape_mismatch
+
+    problem = shape_mismatch(program, weights, "the --init-state file")
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def prepare(program: Program, target_text: str, options: RunOptions,
+            weights: dict[str, np.ndarray] | None = None) -> Prepared:
+    """Resolve the target, plan, lower and load the initial weights: everything before the first step."""
+    target, backend = registry.resolve(target_text)
+    available = backend.device_count(target.device)
+    if available is not None and options.devices > available:
+        raise BackendUnavailable(f"target {target} has {available} device(s) here, but --devices {options.devices} "
+                                 "was asked for")
+    backend_options = backend.resolve_options(options.backend_options, str(target))
+    # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
+    planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
+    plan = make_plan(planned, options.devices)
+    backend.configure(target.device, options.devices, options.dump)
+    executable = backend.lower(program, plan, target, backend_options)
+    if weights is None:
+        from ..weights import initial_weights  # the reference builds the weights once
+
+        weights = initial_weights(program)
+    else:
+        check_weights(program, weights)
+    executable.init(weights)
+    return Prepared(target, backend, plan, executable, backend_options)
+
+
+@contextlib.contextmanager
+def deferred_interrupt(enabled: bool) -> Any:
+    """While checkpointing, the first Ctrl-C lets the current step finish and asks for a final checkpoint (the
+    yielded dict's ``requested``); a second one aborts at once."""
+    state = {"requested": False}
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if state["requested"]:
+            raise KeyboardInterrupt
+        state["requested"] = True
+        print("\ninterrupt: finishing this step, then writing a checkpoint (Ctrl-C again aborts)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train(program: Program, prepared: Prepared, steps: int, warmup: int, progress: Progress | None = None,
+          start: int = 0, after_step: Callable[[int], None] | None = None,
+          last_good: Callable[[], Path | None] = lambda: None) -> list[StepRecord]:
+    """Run steps ``start..steps-1`` on the batches of the program's data spec; time each one. Warm-up ends
+    ``warmup`` steps after ``start``. ``after_step(done)`` runs after each step (done = completed steps)."""
+    executable = prepared.executable
+    records: list[StepRecord] = []
+    for step in range(start, steps):
+        batch = program.data.batch(step, program.seed)
+        if step - start == warmup:
+            executable.mark_warm()
+        start_time = time.perf_counter()
+        metrics = executable.step(batch)
+        elapsed = time.perf_counter() - start_time
+        loss = float(metrics["loss"])
+        record = StepRecord(step, loss, elapsed, {k: float(v) for k, v in metrics.items() if k != "loss"})
+        if not math.isfinite(loss):
+            raise RunError(nonfinite_message(prepared, loss, step, last_good()))
+        records.append(record)
+        if progress is not None:
+            progress(step, record)
+        if after_step is not None:
+            after_step(step + 1)
+    return records
+
+
+def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
+    culprits = prepared.executable.nonfinite_grads()
+    if culprits:
+        grads = f"first non-finite gradient: {culprits[0]!r} ({len(culprits)} parameter(s) in all)"
+    else:
+        grads = "every parameter gradient is finite" if culprits is not None else "gradients not inspected"
+    kept = f"; the last good checkpoint is {last_good}" if last_good else ""
+    return (f"loss became {loss} at step {step} on {prepared.target}; {grads}{kept}; lower the learning rate "
+            "or use a wider precision")
+
+
+def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
+        weights: dict[str, np.ndarray] | None = None) -> RunRecord:
+    """Run ``program`` on ``target_text`` and return the result record (``run.json`` holds its JSON form)."""
+    resumed = None
+    if options.resume is not None:
+        if weights is not None:
+            raise ConfigError("--resume and --init-state both give the starting weights; pass one of them")
+        resumed = checkpoint.load(checkpoint.locate(options.resume), program, options.allow_config_change)
+        weights = resumed.weights
+    start = resumed.step if resumed else 0
+    if start >= options.steps:
+        raise ConfigError(f"checkpoint {resumed.path} is at step {start} and --steps {options.steps} is the total "
+                          f"to reach; nothing is left to run (e.g. --steps {start + options.steps})")
+    writer = checkpoint.Writer(options.checkpoint_dir, options.keep, start) if options.checkpoint_dir else None
+    prepared = prepare(program, target_text, options, weights)
+    target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
+    if resumed is not None:
+        executable.load_training_state(resumed.train)
+    if options.trace_out is not None:
+        write_npz(options.trace_out, executable.trace_modules(program.data.batch(start, program.seed)))
+    versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
+    warmup = min(options.warmup, options.steps - start - 1)
+    saved: list[str] = []
+
+    def save(done: int) -> None:
+        info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
+        saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
+
+    with deferred_interrupt(writer is not None) as interrupt:
+        def after_step(done: int) -> None:
+            if writer is None:
+                return
+            due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
+            if due or done == options.steps or interrupt["requested"]:
+                save(done)
+            if interrupt["requested"] and done < options.steps:
+                raise Interrupted(f"interrupted after step {done} of {options.steps}; checkpoint {saved[-1]} "
+                                  f"written (continue with --resume {options.checkpoint_dir})")
+
+        records = train(program, prepared, options.steps, warmup, progress, start, after_step,
+                        lambda: writer.last if writer else None)
+    summary = summarize(program, records, warmup)
+    summary.recompiles_after_warmup = executable.recompiles() if warmup else None
+    if summary.recompiles_after_warmup:
+        summary.recompile_reasons = executable.recompile_reasons()
+    dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
+    if options.state_out is not None:
+        write_npz(options.state_out, executable.state_dict())
+    return RunRecord(
+        xbridge=__version__, program=program.name, config=program.config(), config_hash=program.config_hash,
+        target=str(target), backend_options=prepared.options, precision=program.precision.name,
+        devices=options.devices, mesh=dict(plan.mesh), param_bytes_per_device=plan.bytes_per_device,
+        versions=versions, machine=machine(), start_step=start,
+        resumed_from=str(resumed.path) if resumed else None,
+        config_changes=checkpoint.config_changes(resumed.manifest, program) if resumed else [],
+        checkpoints=saved, steps=records, summary=summary, dumped=dumped,
+        device_kind=executable.device_kind() or target.device, device_peak_bytes=executable.device_peak_bytes(),
+        peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
+        layout=executable.layout())

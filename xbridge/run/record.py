@@ -1,0 +1,101 @@
+"""What a run produces, typed: the run loop builds a :class:`RunRecord`; ``run.json`` and ``xbridge run --format
+json`` are its :meth:`RunRecord.to_json`; compare and parity read a target's result back with
+:meth:`RunRecord.from_json`. The JSON keeps the field names below (``RECORD_VERSION`` counts changes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+RECORD_VERSION = 1
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    time_s: float
+    metrics: dict[str, float] = field(default_factory=dict)    # what the executable reported besides the loss
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": self.loss, **self.metrics, "time_s": self.time_s}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepRecord:
+        extra = {k: v for k, v in data.items() if k not in ("step", "loss", "time_s")}
+        return cls(int(data["step"]), float(data["loss"]), float(data["time_s"]), extra)
+
+
+@dataclass
+class RunSummary:
+    compile_s: float                 # the first step: tracing, compilation and one step
+    warmup_steps: int
+    timed_steps: int
+    step_time_median_s: float
+    step_time_p10_s: float
+    step_time_p90_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    first_loss: float
+    final_loss: float
+    recompiles_after_warmup: int | None = None    # None when nothing ran after warm-up
+    recompile_reasons: list[str] | None = None    # only when there were recompiles and the backend knows why
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if data["recompile_reasons"] is None:
+            del data["recompile_reasons"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class RunRecord:
+    xbridge: str
+    program: str
+    config: dict[str, Any]
+    config_hash: str
+    target: str
+    backend_options: dict[str, str]
+    precision: str
+    devices: int
+    mesh: dict[str, int]
+    param_bytes_per_device: int
+    versions: dict[str, str]
+    machine: dict[str, Any]
+    start_step: int
+    resumed_from: str | None
+    config_changes: list[str]
+    checkpoints: list[str]
+    steps: list[StepRecord]
+    summary: RunSummary
+    dumped: list[str]
+    device_kind: str
+    device_peak_bytes: int | None
+    peak_host_rss_bytes: int
+    layout: dict[str, dict[str, Any]]
+    written: str | None = None        # where run.json went (--out)
+    record_version: int = RECORD_VERSION
+
+    @property
+    def losses(self) -> list[float]:
+        return [s.loss for s in self.steps]
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["steps"] = [s.to_json() for s in self.steps]
+        data["summary"] = self.summary.to_json()
+        if self.written is None:
+            del data["written"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        values["steps"] = [StepRecord.from_json(s) for s in data["steps"]]
+        values["summary"] = RunSummary.from_json(data["summary"])
+        return cls(**values)
