@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs into .venv first when needed (scripts/setup.sh).
 PYTEST_ARGS ?=
 
-.PHONY: setup run test clean
+.PHONY: setup run test test-fast lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,9 +10,18 @@ setup:
 run: setup
 	.venv/bin/xbridge compare programs/gpt.py --steps 20 --out out/compare-gpt
 
-# The whole test suite.
-test: setup
+# The whole suite, as CI runs it: lint and type check, then every test.
+test: setup lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# For iteration: the tests not marked slow (a few minutes).
+test-fast: setup
+	.venv/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff (lint and import order) and mypy over the package, as CI runs them.
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 
 clean:
 	rm -rf .venv out .pytest_cache

@@ -27,8 +27,8 @@ TARGET = {"eager": "eager-cpu", "inductor": "inductor-cpu", "jax": "jax-cpu", "x
 
 
 def child(program_path: str, backend: str, rounds: int) -> dict:
-    from xbridge.run import checkpoint
     from xbridge.program_file import load_program
+    from xbridge.run import checkpoint
     from xbridge.run.loop import RunOptions, prepare
 
     program = load_program(program_path)
@@ -79,7 +79,8 @@ def main() -> None:
             print(f"{backend}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(f"{'backend':<10}{'size MiB':>10}{'step ms':>10}{'save ms':>10}{'load ms':>10}{'save/step':>11}{'load/step':>11}")
+    print(f"{'backend':<10}{'size MiB':>10}{'step ms':>10}{'save ms':>10}{'load ms':>10}{'save/step':>11}"
+          f"{'load/step':>11}")
     for r in rows:
         print(f"{r['backend']:<10}{r['bytes'] / 2**20:>10.1f}{r['step_s'] * 1e3:>10.1f}{r['save_s'] * 1e3:>10.1f}"
               f"{r['load_s'] * 1e3:>10.1f}{r['save_over_step']:>11.2f}{r['load_over_step']:>11.2f}")

@@ -8,7 +8,8 @@ no gradient accumulation; clipping by global norm.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,9 @@ def jax_torchax(program: Any, weights: dict[str, np.ndarray]) -> Callable[[dict[
     params, forward = torchax.extract_jax(model)
     params = {k: jnp.asarray(weights[k]) if k in weights else v for k, v in params.items()}
     spec = program.optimizer
-    schedule = lambda count: spec.lr * spec.schedule.factor_array(count, jnp)
+    def schedule(count):
+        return spec.lr * spec.schedule.factor_array(count, jnp)
+
     if type(spec).__name__ == "AdamW":
         tx = optax.adamw(schedule, b1=spec.betas[0], b2=spec.betas[1], eps=spec.eps, eps_root=0.0,
                          weight_decay=spec.weight_decay)

@@ -79,7 +79,8 @@ def main() -> None:
     rows = []
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         cmd = [sys.executable, __file__, "--child", backend, "--program", args.program, "--rounds", str(args.rounds),
-               "--steps-per-round", str(args.steps_per_round)] + (["--precision", args.precision] if args.precision else [])
+               "--steps-per-round", str(args.steps_per_round)]
+        cmd += ["--precision", args.precision] if args.precision else []
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PJRT_DEVICE": "CPU"})
         if proc.returncode != 0:
             rows.append({"backend": backend, "error": proc.stderr.strip().splitlines()[-1:]})
@@ -107,7 +108,8 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.bar([r["backend"] for r in ok], [r["ratio_median"] for r in ok],
-               yerr=[[r["ratio_median"] - r["ratio_p10"] for r in ok], [r["ratio_p90"] - r["ratio_median"] for r in ok]],
+               yerr=[[r["ratio_median"] - r["ratio_p10"] for r in ok],
+                     [r["ratio_p90"] - r["ratio_median"] for r in ok]],
                capsize=6, color="tab:purple", alpha=0.8)
         ax.axhline(1.02, color="red", linestyle="--", label="target 1.02")
         ax.axhline(1.0, color="black", linewidth=0.8)

@@ -26,10 +26,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "scaling"))
     args = parser.parse_args()
 
-    from xbridge.compare.job import CompareOptions, metrics_of
-    from xbridge.run.isolated import run_target
     from xbridge.compare.flops import flops_per_step
+    from xbridge.compare.job import CompareOptions, metrics_of
     from xbridge.program_file import load_program
+    from xbridge.run.isolated import run_target
 
     out = Path(args.out)
     targets = [t.strip() for t in args.backends.split(",") if t.strip()]
@@ -54,7 +54,8 @@ def main() -> None:
                     row["error"] = (run.error or "").splitlines()[0]
                 rows.append(row)
                 print(f"d={dim:4d} L={layers:2d} {run.target:10s} {row['gflop_per_step']:7.2f} GFLOP "
-                      + (f"compile {row['compile_s']:6.2f} s  step {row['step_ms']:8.1f} ms  MFU {100 * row['mfu']:5.1f}%"
+                      + (f"compile {row['compile_s']:6.2f} s  step {row['step_ms']:8.1f} ms  MFU "
+                         f"{100 * row['mfu']:5.1f}%"
                          if m is not None else row["error"]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps({"rows": rows, "steps": args.steps}, indent=2))

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from xbridge.parity import policy as parity
-from xbridge.run import checkpoint
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.errors import CheckpointError, RunError
 from xbridge.files import read_npz
+from xbridge.parity import policy as parity
+from xbridge.run import checkpoint
 from xbridge.run.loop import RunOptions, run
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 
 MLP = str(PROGRAMS / "mlp.py")
 DIVERGES = str(ROOT / "tests" / "fixtures" / "diverges.py")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, run_cli
 
 pytestmark = pytest.mark.cli
 MLP = str(PROGRAMS / "mlp.py")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from xbridge.backend import registry
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from xbridge.backend import registry
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 PNG = b"\x89PNG\r\n\x1a\n"

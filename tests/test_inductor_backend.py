@@ -14,10 +14,10 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.parity import policy as parity
 from xbridge.run import checkpoint
 from xbridge.run.loop import RunOptions, prepare, run, train
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 
 pytestmark = pytest.mark.cli
 FAULT = str(ROOT / "tests" / "fixtures" / "inductor_fault.py")

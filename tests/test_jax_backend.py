@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import xbridge as xb
-from xbridge.parity import policy as parity
-from xbridge.errors import BackendUnavailable, LoweringError
-from xbridge.run.loop import RunOptions, prepare, train
 from helpers import PROGRAMS, run_cli
+from xbridge.errors import BackendUnavailable, LoweringError
+from xbridge.parity import policy as parity
+from xbridge.run.loop import RunOptions, prepare, train
 
 TP_MESH = xb.Mesh(data=-1, model=2)   # 8 devices: data=4 x model=2, tensor-parallel rules on "model"
 

@@ -6,8 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from xbridge.backend import registry
-from xbridge.backend import Backend, Target
+from xbridge.backend import Backend, Target, registry
 from xbridge.errors import BackendUnavailable, TargetError
 
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from xbridge.backend import registry
-from xbridge.parity import policy as parity
-from xbridge.errors import BackendUnavailable
-from xbridge.run.loop import RunOptions, prepare, train
 from helpers import PROGRAMS, one_error_line, run_cli
+from xbridge.backend import registry
+from xbridge.errors import BackendUnavailable
+from xbridge.parity import policy as parity
+from xbridge.run.loop import RunOptions, prepare, train
 
 pytestmark = pytest.mark.cli
 

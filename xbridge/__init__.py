@@ -8,11 +8,22 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (BackendUnavailable, ConfigError, PlanError, ProgramError, RunError, TargetError,
-                     XBridgeError)
+from .errors import BackendUnavailable, ConfigError, PlanError, ProgramError, RunError, TargetError, XBridgeError
 from .hints import shard
-from .ir import (SGD, AdamW, Constant, Mesh, Precision, Program, Sharding, StepOptions, WarmupCosine, data,
-                 parse_precision, sharding)
+from .ir import (
+                     SGD,
+                     AdamW,
+                     Constant,
+                     Mesh,
+                     Precision,
+                     Program,
+                     Sharding,
+                     StepOptions,
+                     WarmupCosine,
+                     data,
+                     parse_precision,
+                     sharding,
+)
 from .planner import ParamPlan, ShardingPlan, plan
 
 __all__ = [

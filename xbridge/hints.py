@@ -8,7 +8,8 @@ reference backend installs :func:`checker`, so a hint naming an unknown mesh axi
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .errors import PlanError
 from .ir.sharding import Spec, normalize_spec, spec_axes

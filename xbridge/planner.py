@@ -75,7 +75,8 @@ def _fmt_spec(spec: Spec) -> str:
     return "(" + ", ".join(repr(e) for e in spec) + ("," if len(spec) == 1 else "") + ")"
 
 
-def _check_spec(name: str, shape: tuple[int, ...], spec: Spec, rule: str, sizes: dict[str, int]) -> tuple[Spec, tuple[int, ...]]:
+def _check_spec(name: str, shape: tuple[int, ...], spec: Spec, rule: str,
+                sizes: dict[str, int]) -> tuple[Spec, tuple[int, ...]]:
     where = f"parameter {name!r} of shape {tuple(shape)} (rule '{rule}', spec {_fmt_spec(spec)})"
     if len(spec) > len(shape):
         raise PlanError(f"{where}: the spec has {len(spec)} entries but the tensor has rank {len(shape)}; "
@@ -139,8 +140,9 @@ def plan(program: Program, devices: int, model: Any = None) -> ShardingPlan:
         if len(matches) > 1:
             raise PlanError(f"parameter {name!r} of shape {shape} is matched by two sharding rules, '{matches[0]}' "
                             f"and '{matches[1]}'; make the regexes exclusive")
+        rule: str | None
         if matches:
-            rule: str | None = matches[0]
+            rule = matches[0]
             used.add(rule)
             spec = rules[rule]
         elif sharding.fsdp is not None:

@@ -9,7 +9,8 @@ backends that run the torch module itself. xbridge/parity/divergence.py compares
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch

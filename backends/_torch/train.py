@@ -13,7 +13,8 @@ Precision semantics (the same on every backend):
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,8 +133,11 @@ def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
 def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
     """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over)."""
     dtype = torch_dtype(precision.params)
-    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if np.issubdtype(v.dtype, np.floating) else None)
-            for k, v in batch.items()}
+    out = {}
+    for k, v in batch.items():
+        floating = np.issubdtype(v.dtype, np.floating)
+        out[k] = torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if floating else None)
+    return out
 
 
 def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
@@ -145,7 +149,8 @@ def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, to
 
 class TrainStep:
     """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
-    scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32 tensor."""
+    scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32
+    tensor."""
 
     def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
                  compile: Callable[[Callable], Callable] | None = None) -> None:
@@ -159,7 +164,7 @@ class TrainStep:
         self.loss_fn = compile(program.loss) if compile else program.loss
         self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
         scaled = program.precision.loss_scale == "dynamic"
-        self.scaler = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
+        self.scaler: torch.amp.GradScaler | None = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         program, model = self.program, self.model

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xbridge.backend import Executable, Target
-from xbridge.backends._torch.device import TorchDeviceBackend
+
+from .._torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan

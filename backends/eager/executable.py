@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 
 from xbridge.backend import Target
-from xbridge.backends._torch.executable import TorchExecutable
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+
+from .._torch.executable import TorchExecutable
 
 
 class EagerExecutable(TorchExecutable):
@@ -23,5 +24,5 @@ class EagerExecutable(TorchExecutable):
     def dump(self, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "eager_module.txt"
-        path.write_text("# eager compiles nothing; this is the module tree it runs op by op\n" + repr(self.model) + "\n")
+        path.write_text(f"# eager compiles nothing; this is the module tree it runs op by op\n{self.model!r}\n")
         return [path]

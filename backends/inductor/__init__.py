@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xbridge.backend import BackendOption, Executable, Target
-from xbridge.backends._torch.device import TorchDeviceBackend
 from xbridge.cache import cache_dir
+
+from .._torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan

@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from xbridge.backends._torch.executable import TorchExecutable
-from xbridge.backends._torch.train import TrainStep
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+
+from .._torch.executable import TorchExecutable
+from .._torch.train import TrainStep
 
 
 def compiled_graphs() -> int:

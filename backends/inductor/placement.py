@@ -28,10 +28,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 
-from xbridge.backends._torch.train import tied_groups
 from xbridge.errors import LoweringError
 from xbridge.ir.sharding import spec_axes
 from xbridge.planner import ShardingPlan
+
+from .._torch.train import tied_groups
 
 UNSHARDED_AXIS = "_fsdp_shard"   # the size-1 shard dimension of FSDP2's hybrid mode (parameters replicated)
 
@@ -151,11 +152,13 @@ def apply_batch_axis(model: torch.nn.Module, plan: ShardingPlan, roles: MeshRole
     if roles.batch is None:
         return
     if roles.fsdp:
-        dims = {}
+        dims: dict[int, int] = {}
         for name, param in model.named_parameters():
             spec = plan.param(name).spec
-            dims[id(param)] = next((d for d, e in enumerate(spec) if roles.batch in spec_axes((e,))), None)
+            dim = next((d for d, e in enumerate(spec) if roles.batch in spec_axes((e,))), None)
+            if dim is not None:
+                dims[id(param)] = dim
         fully_shard(model, mesh=mesh[roles.batch],
-                    shard_placement_fn=lambda p: Shard(dims[id(p)]) if dims.get(id(p)) is not None else None)
+                    shard_placement_fn=lambda p: Shard(dims[id(p)]) if id(p) in dims else None)
     else:
         fully_shard(model, mesh=mesh[roles.batch, UNSHARDED_AXIS])

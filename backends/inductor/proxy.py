@@ -18,11 +18,11 @@ import atexit
 import datetime
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from xbridge import errors
@@ -49,7 +49,7 @@ def program_source(program: Program) -> tuple[str, str]:
     return found
 
 
-_live: list["DistributedExecutable"] = []   # the spawned run of this process that owns the default group
+_live: list[DistributedExecutable] = []   # the spawned run of this process that owns the default group
 
 class DistributedExecutable(Executable):
     """The Executable protocol over N processes (see the module docstring). Results are rank 0's; every rank

@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from xbridge import hints
-from xbridge.backends._torch.train import TrainStep, batch_to_torch, exact_fp32, tensor_to_numpy
 from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
+from .._torch.train import TrainStep, batch_to_torch, exact_fp32, tensor_to_numpy
 from .executable import InductorExecutable
 from .placement import MeshRoles, apply_batch_axis, local_rows, tensor_parallel, to_plain
 
@@ -116,12 +116,13 @@ class RankEngine(InductorExecutable):
         if roles.model is not None:
             self.tensor_parallel = tensor_parallel(model, self.plan, self.mesh, roles.model)
         apply_batch_axis(model, self.plan, roles, self.mesh)
+        self.batch_group: dist.ProcessGroup | None = None
         if roles.batch is not None:
             self.batch_group = self.mesh[roles.batch].get_group()
             self.batch_parts = self.mesh[roles.batch].size()
             self.batch_index = self.mesh[roles.batch].get_local_rank()
         else:
-            self.batch_group, self.batch_parts, self.batch_index = None, 1, 0
+            self.batch_parts, self.batch_index = 1, 0
         return model
 
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:

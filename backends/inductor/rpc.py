@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from xbridge import errors
 from xbridge.errors import RunError

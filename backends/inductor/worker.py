@@ -39,8 +39,8 @@ def main() -> None:
 
         import torch.distributed as dist
 
-        from xbridge.program_file import load_program
         from xbridge.ir.program import Program
+        from xbridge.program_file import load_program
 
         from .rank_engine import RankEngine, device_for, process_group_backend
         from .rpc import serve

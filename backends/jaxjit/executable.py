@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from xbridge import hints
 from xbridge.backend import Executable, Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable
-from xbridge.planner import ShardingPlan
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
-from xbridge.backends._torch.train import build_model
+from xbridge.planner import ShardingPlan
 
+from .._torch.train import build_model
 from . import optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
 
-
 def enable_compilation_cache() -> None:
     """JAX's persistent compilation cache, on by default (JAX_COMPILATION_CACHE_DIR still wins)."""
-    if not jax.config.jax_compilation_cache_dir:
+    if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # (flags are declared at run time)
         jax.config.update("jax_compilation_cache_dir", str(cache_dir("jax")))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
@@ -37,7 +38,7 @@ def enable_compilation_cache() -> None:
 def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
     if np.issubdtype(array.dtype, np.floating):
         return array.astype(float_dtype)
-    if array.dtype == np.int64 and not jax.config.jax_enable_x64:
+    if array.dtype == np.int64 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         if array.size and (array.max() > np.iinfo(np.int32).max or array.min() < np.iinfo(np.int32).min):
             raise ValueError("int64 values do not fit in int32 (JAX runs without x64)")
         return array.astype(np.int32)
@@ -100,7 +101,7 @@ class JaxExecutable(Executable):
         def spec_for(path: tuple, leaf: Any) -> P:
             for entry in reversed(path):
                 key = getattr(entry, "key", None)
-                if key in params and getattr(leaf, "shape", None) == params[key].shape:
+                if key is not None and key in params and getattr(leaf, "shape", None) == params[key].shape:
                     return P(*self.specs[key])
             return P()
 
@@ -145,7 +146,8 @@ class JaxExecutable(Executable):
         if self.scaling:
             inv = 1.0 / state["scaler"].scale
             grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
-            bad = sum(reduce_sum(n, jnp.sum(~jnp.isfinite(g)).astype(jnp.float32)) for n, g in grads.items())
+            bad = jnp.sum(jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(g)).astype(jnp.float32))
+                                     for n, g in grads.items()]))
             finite = bad == 0
         # per parameter, how many gradient entries are NaN/Inf: names the culprit when the loss goes non-finite
         bad_grads = jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(grads[n])).astype(jnp.float32))
@@ -167,7 +169,7 @@ class JaxExecutable(Executable):
         new["step"] = state["step"] + 1
         return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads}
 
-    def _build(self) -> Callable:
+    def _build(self) -> Any:        # a jitted function (jax.stages.Wrapped: called, and .lower() for --dump)
         scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
         metric_specs = {"loss": P(), "lr": P(), "bad_grads": P()}
         metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
@@ -241,7 +243,8 @@ class JaxExecutable(Executable):
             canonical = self.lowered.canonical.get(name)
             value = params[canonical] if canonical is not None else buffers[name]
             value = np.asarray(value)
-            out[name] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16 else value
+            floating = np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16
+            out[name] = value.astype(np.float32) if floating else value
         return out
 
     def _eager_names(self) -> dict[str, str]:
@@ -287,7 +290,7 @@ class JaxExecutable(Executable):
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
         from torchax import interop
 
-        from xbridge.backends._torch.module_outputs import recording
+        from .._torch.module_outputs import recording
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):

@@ -9,22 +9,22 @@ Compute precision uses torchax's autocast (the same op policy as torch.autocast)
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import torch
 import torchax
-from torchax import interop
-from torchax import amp
+from torchax import amp, interop
 from torchax.amp import CastPolicy, autocast
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
 from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
-from xbridge.backends._torch.train import torch_dtype
 
+from .._torch.train import torch_dtype
 
 # torchax 0.0.13's autocast policy is keyed on aten ops, but torchax lowers some torch functions before they reach
 # aten (F.linear, F.scaled_dot_product_attention, torch.einsum, ...): without these entries they would stay in the
@@ -83,7 +83,8 @@ class LoweredLoss:
     def param_names(self) -> list[str]:
         return list(self.module.params)
 
-    def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
+    def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
+                 batch: dict[str, jax.Array]) -> jax.Array:
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
         amp = (autocast("jax", dtype=torch_dtype(precision.compute), env=self.env) if precision.mixed

@@ -19,7 +19,7 @@ from xbridge.ir.optim import SGD, AdamW
 
 class TorchMomentumState(NamedTuple):
     buf: Any
-    started: jax.Array
+    started: jax.typing.ArrayLike     # bool: has a first step set the buffers?
 
 
 def torch_sgd_momentum(momentum: float, dampening: float, nesterov: bool) -> optax.GradientTransformation:
@@ -61,8 +61,8 @@ def learning_rate(spec: SGD | AdamW, step: jax.Array) -> jax.Array:
 
 
 class ScalerState(NamedTuple):
-    scale: jax.Array        # float32
-    growth_tracker: jax.Array  # int32
+    scale: jax.typing.ArrayLike           # float32 (on the host in checkpoints, on the device in the step)
+    growth_tracker: jax.typing.ArrayLike  # int32
 
 
 # torch.amp.GradScaler defaults

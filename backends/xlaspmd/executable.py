@@ -13,8 +13,9 @@ import contextlib
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,9 +29,10 @@ from xbridge import hints
 from xbridge.backend import Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable, ConfigError
-from xbridge.planner import ShardingPlan
 from xbridge.ir.program import Program
-from xbridge.backends._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
+from xbridge.planner import ShardingPlan
+
+from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
 
 _RUNTIME_READY = False
 
@@ -210,7 +212,7 @@ class XlaExecutable(TorchTrainState):
         torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.backends._torch.module_outputs import trace_torch
+        from .._torch.module_outputs import trace_torch
 
         # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
         tensors = batch_to_torch(batch, self.device, self.program.precision)
@@ -331,7 +333,8 @@ def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, 
         f.seek(offset)
         lines = [line[len(_PREFIX):].rstrip() for line in f if line.startswith(_PREFIX)]
     records: list[tuple[str, str, str]] = []
-    cause = graph = where = bridge = None
+    cause: str | None = None
+    graph = where = bridge = ""
     state = ""
     for line in lines:
         body = line.strip()
@@ -351,6 +354,6 @@ def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, 
             elif not bridge and "/torch_xla/_dynamo/" in body:
                 bridge = "in torch_xla's Dynamo bridge (" + body.split(" (")[0] + ")"
         elif body.startswith("---"):
-            records.append((cause, graph, where or bridge))
+            records.append((cause, graph or "", where or bridge or ""))
             cause, state = None, ""
     return records

@@ -94,7 +94,7 @@ class Executable(ABC):
         """One line per cause of the recompilations counted by :meth:`recompiles`, when the backend knows them."""
         return []
 
-    def mark_warm(self) -> None:
+    def mark_warm(self) -> None:  # noqa: B027 (a default: backends that count nothing need not override it)
         """Warm-up is over: later compilations count as recompiles."""
 
     def dump(self, directory: Path) -> list[Path]:

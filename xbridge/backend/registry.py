@@ -33,7 +33,8 @@ def load(name: str) -> Loaded:
     """Import and instantiate the plugin ``name``; never raises for a broken or missing plugin."""
     ep = entry_points().get(name)
     if ep is None:
-        return Loaded(None, f"backend {name!r} is not installed: no plugin named {name!r} in entry-point group {GROUP!r}")
+        return Loaded(None, f"backend {name!r} is not installed: no plugin named {name!r} in entry-point group "
+                            f"{GROUP!r}")
     try:
         cls = ep.load()
         backend = cls()

@@ -10,9 +10,9 @@ import difflib
 import json
 import os
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 import typer
@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Write a PyTorch training program once; run, match and race it on every compiler stack.")
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     human = "human"
     json = "json"
 
@@ -91,7 +91,7 @@ def _options_epilog() -> list[str]:
 class _WithBackendOptions(TyperCommand):
     """``run --help`` ends with the options the installed backends declare (read only when help is shown)."""
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         super().format_help(ctx, formatter)     # typer prints its rich help itself
         lines = _options_epilog()
         if lines:
@@ -109,34 +109,47 @@ def _emit(record: Any, format: Format, human: Any) -> None:
 
 @app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
              epilog="Example: xbridge run programs/gpt.py --backend eager-cpu --steps 50 --out out/gpt\n\n"
-             "Checkpoints: xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 --checkpoint-dir ckpt\n\n"
+             "Checkpoints: xbridge run programs/gpt.py --backend jax-cpu --steps 100 --checkpoint-every 20 "
+             "--checkpoint-dir ckpt\n\n"
              "Resume: xbridge run programs/gpt.py --backend xla-cpu --steps 200 --resume ckpt --checkpoint-dir ckpt",
              cls=_WithBackendOptions)
 def run(
     ctx: typer.Context,
     program: str = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME."),
-    backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, jax-tpu) or a bare backend name."),
+    backend: str = typer.Option("eager", "--backend", "-b", help="Target BACKEND-DEVICE (e.g. eager-cpu, "
+                                                                 "jax-tpu) or a bare backend name."),
     steps: int = typer.Option(30, help="Optimizer steps to run (warm-up included)."),
-    warmup: Optional[int] = typer.Option(None, help="Leading steps excluded from timing, where tracing and compilation happen (default 2)."),
-    seed: Optional[int] = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
-    precision: Optional[str] = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, fp16-mixed or params=...,compute=...,output=..."),
+    warmup: int | None = typer.Option(None, help="Leading steps excluded from timing, where tracing and "
+                                                 "compilation happen (default 2)."),
+    seed: int | None = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
+    precision: str | None = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, "
+                                                    "fp16-mixed or params=...,compute=...,output=..."),
     devices: int = typer.Option(1, help="Devices the mesh spans."),
-    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
-    out: Optional[Path] = typer.Option(None, help="Directory to write run.json into."),
-    dump: Optional[Path] = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
-    save_state: Optional[Path] = typer.Option(None, help="Write the final parameters and buffers (eager names) to this .npz file."),
-    init_state: Optional[Path] = typer.Option(None, help="Start from these weights (.npz under the eager names) instead of building them from the seed."),
-    trace_modules: Optional[Path] = typer.Option(None, help="Before training, write every module's output on batch 0 to this .npz (for parity --bisect)."),
-    checkpoint_dir: Optional[Path] = typer.Option(None, help="Write checkpoints here: at the end, every --checkpoint-every steps and on Ctrl-C."),
-    checkpoint_every: Optional[int] = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
+    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    out: Path | None = typer.Option(None, help="Directory to write run.json into."),
+    dump: Path | None = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
+    save_state: Path | None = typer.Option(None, help="Write the final parameters and buffers (eager names) to "
+                                                      "this .npz file."),
+    init_state: Path | None = typer.Option(None, help="Start from these weights (.npz under the eager names) "
+                                                      "instead of building them from the seed."),
+    trace_modules: Path | None = typer.Option(None, help="Before training, write every module's output on batch "
+                                                         "0 to this .npz (for parity --bisect)."),
+    checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here: at the end, every "
+                                                          "--checkpoint-every steps and on Ctrl-C."),
+    checkpoint_every: int | None = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
     keep: int = typer.Option(3, help="Newest checkpoints kept in --checkpoint-dir."),
-    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint (a step-NNNNNNNN directory, or a checkpoint directory: its newest); --steps stays the total."),
-    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Resume a checkpoint written by another program config (shapes must still match)."),
-    format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON document on stdout."),
+    resume: Path | None = typer.Option(None, help="Continue from a checkpoint (a step-NNNNNNNN directory, or a "
+                                                  "checkpoint directory: its newest); --steps stays the total."),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Resume a checkpoint written "
+                                                                                  "by another program config "
+                                                                                  "(shapes must still match)."),
+    format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON "
+                                                                 "document on stdout."),
 ) -> None:
     """Run a program on one target and report per-step loss and step time. Backend options (e.g. --sharding-mode)
     are listed at the end of this help."""
-    from ..run.loop import RunOptions, run as run_program
+    from ..run.loop import RunOptions
+    from ..run.loop import run as run_program
     from .progress import progress_bar
     from .tables import print_run
 
@@ -160,21 +173,28 @@ def run(
         print_run(result)
 
 
-@app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out out/compare")
+@app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out "
+                    "out/compare")
 def compare(
     program: str = typer.Argument(..., help="Program file."),
-    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option (e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; eager-cpu is always run as the reference."),
+    backends: str | None = typer.Option(
+        None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option "
+        "(e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; "
+        "eager-cpu is always run as the reference."),
     steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
     warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
     devices: int = typer.Option(1, help="Devices for sharded targets (eager always uses 1)."),
-    precision: Optional[str] = typer.Option(None, help="Override the program's precision."),
-    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
-    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout."),
-    out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and each run's run.json."),
+    precision: str | None = typer.Option(None, help="Override the program's precision."),
+    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a "
+                                              "timeout."),
+    out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
+                                                       "each run's run.json."),
     format: Format = typer.Option(Format.human, "--format"),
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
-    from ..compare.job import CompareOptions, compare as run_compare
+    from ..compare.job import CompareOptions
+    from ..compare.job import compare as run_compare
     from .progress import target_progress
     from .tables import print_compare
 
@@ -189,17 +209,24 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh data=-1,model=2 --bisect")
+@app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
+                    "data=-1,model=2 --bisect")
 def parity(
     program: str = typer.Argument(..., help="Program file."),
-    backends: Optional[str] = typer.Option(None, "--backends", help="Comma-separated targets to check, each optionally TARGET:OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla). Default: every target available here."),
+    backends: str | None = typer.Option(None, "--backends", help="Comma-separated targets to check, each "
+                                                                 "optionally TARGET:OPTION=VALUE (e.g. "
+                                                                 "xla-cpu:xla-mode=openxla). Default: every target "
+                                                                 "available here."),
     steps: int = typer.Option(20, help="Steps to compare."),
     devices: int = typer.Option(1, help="Devices for sharded targets."),
-    precision: Optional[str] = typer.Option(None, help="Override the precision (the reference runs it too; the fp32 deviation is reported as well)."),
-    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
-    bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output deviates (hooks on every module, first batch)."),
+    precision: str | None = typer.Option(None, help="Override the precision (the reference runs it too; the "
+                                                    "fp32 deviation is reported as well)."),
+    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
+                                                        "deviates (hooks on every module, first batch)."),
     timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped."),
-    out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each target's state."),
+    out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each "
+                                                      "target's state."),
     format: Format = typer.Option(Format.human, "--format"),
 ) -> None:
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
@@ -233,8 +260,8 @@ def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
 def inspect(
     program: str = typer.Argument(..., help="Program file."),
     devices: int = typer.Option(1, help="Devices the mesh spans."),
-    mesh: Optional[str] = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
-    precision: Optional[str] = typer.Option(None, help="Override the precision (changes parameter bytes)."),
+    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    precision: str | None = typer.Option(None, help="Override the precision (changes parameter bytes)."),
     format: Format = typer.Option(Format.human, "--format"),
 ) -> None:
     """Print parameter count, FLOPs per step and the sharding plan, without running anything."""

@@ -67,7 +67,8 @@ def print_backends(rows: list[dict[str, Any]]) -> None:
 def print_inspect(info: dict[str, Any]) -> None:
     plan = info["plan"]
     mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
-    console.print(f"program [bold]{escape(info['program'])}[/] (config {info['config_hash']}), precision {info['precision']}")
+    console.print(f"program [bold]{escape(info['program'])}[/] (config {info['config_hash']}), precision "
+                  f"{info['precision']}")
     console.print(f"mesh {mesh} over {plan['devices']} device(s); batch spec {tuple(plan['batch'])}")
     console.print(f"parameters: {plan['total_params']:,}; bytes per device: {_bytes(plan['bytes_per_device'])}")
     console.print(f"model FLOPs per step (forward + backward, global batch of {info['batch_size']}): "

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..weights import meta_model
 from ..ir.program import Program
+from ..weights import meta_model
 
 
 def flops_per_step(program: Program, batch: dict[str, Any] | None = None) -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import __version__
 from ..errors import ConfigError
@@ -29,7 +30,8 @@ class CompareOptions:
 
     def __post_init__(self) -> None:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
-            raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and {self.warmup}")
+            raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and "
+                              f"{self.warmup}")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
 
@@ -56,7 +58,7 @@ class TargetMetrics:
     recompiles: int | None
     final_loss: float
     max_loss_dev: float | None = None      # against the reference, when it finished
-    max_loss_dev_at: int | None = None
+    max_loss_dev_at: str | None = None     # e.g. "step 3"
     loss_parity: bool | None = None
     final_loss_dev: float | None = None
 
@@ -79,7 +81,7 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int) -> dict[str,
     ref = next((r.result for r in runs if r.target == REFERENCE and r.result is not None), None)
     tol = policy.tolerance(program.precision)
     cpu_peaks: dict[str, Peak] = {}
-    out = {}
+    out: dict[str, TargetMetrics] = {}
     for run in runs:
         result = run.result
         if result is None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .serialize import register
 from ..errors import ConfigError
+from .serialize import register
 
 
 def _rng(seed: int, step: int, stream: int) -> np.random.Generator:
@@ -66,7 +66,7 @@ class ByteText:
             raise ConfigError(f"ByteText source {self.source!r} is unknown; the available source is 'python_stdlib'")
 
     @classmethod
-    def python_stdlib(cls, seq_len: int, batch_size: int, max_bytes: int = 8_000_000) -> "ByteText":
+    def python_stdlib(cls, seq_len: int, batch_size: int, max_bytes: int = 8_000_000) -> ByteText:
         return cls(seq_len=seq_len, batch_size=batch_size, source="python_stdlib", max_bytes=max_bytes)
 
     def corpus(self) -> np.ndarray:

@@ -6,8 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .serialize import register
 from ..errors import ConfigError, PlanError
+from .serialize import register
 
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -19,7 +19,7 @@ class Mesh:
 
     axes: tuple[tuple[str, int], ...]
 
-    def __init__(self, axes: "tuple | list | dict | None" = None, **sizes: int) -> None:
+    def __init__(self, axes: tuple | list | dict | None = None, **sizes: int) -> None:
         if axes is not None and sizes:
             raise ConfigError("xb.Mesh takes either axes=... or keyword sizes, not both")
         items = list(axes.items()) if isinstance(axes, dict) else [tuple(a) for a in (axes or ())]
@@ -47,7 +47,7 @@ class Mesh:
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
 
-    def collapsed(self) -> "Mesh":
+    def collapsed(self) -> Mesh:
         """The same axis names, each of size 1: the mesh of an unsharded (single-device) run."""
         return Mesh(tuple((n, 1) for n in self.names))
 
@@ -77,7 +77,8 @@ def parse_mesh(text: str) -> Mesh:
         try:
             axes.append((name.strip(), int(size)))
         except ValueError:
-            raise ConfigError(f"--mesh part {part.strip()!r} of {text!r} is not NAME=SIZE (e.g. data=-1,model=2)") from None
+            raise ConfigError(f"--mesh part {part.strip()!r} of {text!r} is not NAME=SIZE (e.g. "
+                              "data=-1,model=2)") from None
         if not sep:
             raise ConfigError(f"--mesh part {part.strip()!r} of {text!r} is not NAME=SIZE (e.g. data=-1,model=2)")
     return Mesh(axes)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .serialize import register
 from ..errors import ConfigError
+from .serialize import register
 
 
 def _check(cond: bool, msg: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .serialize import register
 from ..errors import ConfigError
+from .serialize import register
 
 # The floating dtypes a precision may name, with their size in bytes: the one dtype table of the project.
 # Backends map a name to their own dtype object by name (getattr(torch, name), jnp.dtype(name)).
@@ -32,10 +32,12 @@ class Precision:
         for field in ("params", "compute", "output"):
             value = _ALIASES.get(getattr(self, field), getattr(self, field))
             if value not in DTYPES:
-                raise ConfigError(f"precision {field}={getattr(self, field)!r} is not a dtype; use one of {', '.join(DTYPES)}")
+                raise ConfigError(f"precision {field}={getattr(self, field)!r} is not a dtype; use one of "
+                                  f"{', '.join(DTYPES)}")
             object.__setattr__(self, field, value)
         if self.loss_scale not in LOSS_SCALES:
-            raise ConfigError(f"precision loss_scale={self.loss_scale!r} is invalid; use one of {', '.join(LOSS_SCALES)}")
+            raise ConfigError(f"precision loss_scale={self.loss_scale!r} is invalid; use one of "
+                              f"{', '.join(LOSS_SCALES)}")
         if self.loss_scale == "dynamic" and "float16" not in (self.compute, self.params):
             raise ConfigError("precision loss_scale='dynamic' only applies when compute or params is float16")
 
@@ -60,7 +62,7 @@ NAMED: dict[str, Precision] = {
 }
 
 
-def parse_precision(value: "str | Precision") -> Precision:
+def parse_precision(value: str | Precision) -> Precision:
     """Accept a :class:`Precision`, a name (``fp32``, ``bf16-mixed``, ``bf16-true``, ``fp16-mixed``) or the string
     form ``params=float32,compute=bfloat16,output=float32[,loss_scale=dynamic]``."""
     if isinstance(value, Precision):

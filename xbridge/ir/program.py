@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from ..errors import ConfigError
 from . import serialize
 from .data import ByteText, Digits
-from ..errors import ConfigError
 from .mesh import Mesh
 from .optim import SGD, AdamW
 from .precision import Precision, parse_precision
@@ -59,7 +60,8 @@ class Program:
         for attr, kind in (("model", "a function that builds the nn.Module"),
                            ("loss", "a function loss(model, batch) -> scalar tensor")):
             if not callable(getattr(self, attr)):
-                raise ConfigError(f"Program {self.name!r}: {attr} must be {kind}, got {type(getattr(self, attr)).__name__}")
+                raise ConfigError(f"Program {self.name!r}: {attr} must be {kind}, got "
+                                  f"{type(getattr(self, attr)).__name__}")
         if not isinstance(self.data, (ByteText, Digits)):
             raise ConfigError(f"Program {self.name!r}: data must be an xb.data spec (ByteText, Digits), "
                               f"got {type(self.data).__name__}")
@@ -77,7 +79,8 @@ class Program:
         if isinstance(self.step, dict):
             object.__setattr__(self, "step", StepOptions(**self.step))
         if not isinstance(self.step, StepOptions):
-            raise ConfigError(f"Program {self.name!r}: step must be xb.StepOptions(...), got {type(self.step).__name__}")
+            raise ConfigError(f"Program {self.name!r}: step must be xb.StepOptions(...), got "
+                              f"{type(self.step).__name__}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"Program {self.name!r}: seed must be an int >= 0, got {self.seed!r}")
         if self.data.batch_size % self.step.grad_accum:
@@ -92,12 +95,12 @@ class Program:
     def config_hash(self) -> str:
         return serialize.config_hash(self)
 
-    def replace(self, **changes: Any) -> "Program":
+    def replace(self, **changes: Any) -> Program:
         """A copy with fields changed (validated again), e.g. ``program.replace(precision="bf16-mixed")``."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(cls, data: dict[str, Any], model: Callable, loss: Callable) -> "Program":
+    def from_config(cls, data: dict[str, Any], model: Callable, loss: Callable) -> Program:
         program = serialize.from_config(data, model=model, loss=loss)
         if not isinstance(program, cls):
             raise ConfigError(f"config describes a {data.get('kind')!r}, not a Program")

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .serialize import register
 from ..errors import ConfigError
+from .serialize import register
 
 SpecEntry = str | tuple[str, ...] | None
 Spec = tuple[SpecEntry, ...]

@@ -7,9 +7,10 @@ first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

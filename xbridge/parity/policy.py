@@ -8,13 +8,12 @@ being judged against their own tiny magnitude. Both bounds hold for runs of up t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from ..ir.precision import Precision, parse_precision
-
 
 # The usual init std (GPT-2's initializer_range, this project's programs). Measured reason: an unmodified Hugging
 # Face GPT-2's c_attn.bias holds the key bias, whose true gradient is zero (softmax ignores a constant shift); Adam
@@ -46,7 +45,7 @@ POLICY: dict[str, Tolerance] = {
 }
 
 
-def tolerance(precision: "Precision | str") -> Tolerance:
+def tolerance(precision: Precision | str) -> Tolerance:
     """The policy for a precision; a custom policy takes that of its lowest-precision dtype."""
     policy = parse_precision(precision)
     name = policy.name

@@ -16,9 +16,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,8 @@ from ..backend import Backend, Executable, Target, registry
 from ..errors import BackendUnavailable, ConfigError, Interrupted, RunError
 from ..files import write_npz
 from ..ir.program import Program
-from ..planner import ShardingPlan, plan as make_plan
+from ..planner import ShardingPlan
+from ..planner import plan as make_plan
 from . import checkpoint
 from .record import RunRecord, RunSummary, StepRecord
 
@@ -195,6 +197,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         weights = resumed.weights
     start = resumed.step if resumed else 0
     if start >= options.steps:
+        assert resumed is not None   # steps >= 1: only a resumed run starts past the end
         raise ConfigError(f"checkpoint {resumed.path} is at step {start} and --steps {options.steps} is the total "
                           f"to reach; nothing is left to run (e.g. --steps {start + options.steps})")
     writer = checkpoint.Writer(options.checkpoint_dir, options.keep, start) if options.checkpoint_dir else None
@@ -205,10 +208,12 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     if options.trace_out is not None:
         write_npz(options.trace_out, executable.trace_modules(program.data.batch(start, program.seed)))
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
+    assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)
     saved: list[str] = []
 
     def save(done: int) -> None:
+        assert writer is not None
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
         saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
 

@@ -50,7 +50,8 @@ class RunSummary:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSummary:
-        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+        values: dict[str, Any] = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        return cls(**values)
 
 
 @dataclass
