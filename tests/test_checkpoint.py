@@ -98,6 +98,7 @@ def test_adamw_state_crosses_from_eager_to_jax_on_another_mesh(tmp_path, tiny_gp
     assert q["spec"] == "PartitionSpec('model', None)" and q["shard_shapes"][0] == [16, 32]
 
 
+@pytest.mark.slow   # subprocesses
 @pytest.mark.parametrize("first,second", [
     (["inductor-cpu"], ["jax-cpu", "--devices", "4", "--mesh", "data=2,model=2"]),
     (["jax-cpu", "--devices", "2"], ["xla-cpu", "--devices", "4", "--mesh", "data=2,model=2"]),
@@ -121,6 +122,7 @@ KILL_PHASES = ["tmp-created", "model-half", "model-written", "train-half", "mani
                "renamed"]
 
 
+@pytest.mark.slow   # subprocesses
 @pytest.mark.parametrize("phase", KILL_PHASES)
 def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, phase, mlp_program):
     ck = tmp_path / "ck"
@@ -141,6 +143,7 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, phase, mlp
         assert not list(ck.glob(".tmp-*"))          # the next save removed what the killed one left
 
 
+@pytest.mark.slow   # subprocesses
 def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_program):
     ck = tmp_path / "ck"
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", MLP, "--steps", "100000", "--checkpoint-dir",
@@ -166,6 +169,7 @@ def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_progra
     assert checkpoint.load(checkpoint.locate(ck), mlp_program).step == step
 
 
+@pytest.mark.slow   # subprocesses
 def test_nan_loss_names_the_step_and_gradient_and_keeps_the_last_good_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     proc = run_cli("run", DIVERGES, "--steps", "20", "--checkpoint-every", "1", "--checkpoint-dir", str(ck))

@@ -20,6 +20,7 @@ from xbridge.run import checkpoint
 from xbridge.run.loop import RunOptions, prepare, run, train
 
 pytestmark = pytest.mark.cli
+pytest.importorskip("torch", reason="the inductor backend is not installed (pip install 'xbridge[inductor]')")
 FAULT = str(ROOT / "tests" / "fixtures" / "inductor_fault.py")
 
 

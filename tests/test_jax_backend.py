@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 
-import jax
 import numpy as np
 import pytest
-import torch
 
 import xbridge as xb
 from helpers import PROGRAMS, run_cli
@@ -17,6 +15,11 @@ from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions, prepare, train
 
 TP_MESH = xb.Mesh(data=-1, model=2)   # 8 devices: data=4 x model=2, tensor-parallel rules on "model"
+
+# the jax backend needs jax, optax and torchax: without them these tests are skipped, saying so
+jax = pytest.importorskip("jax", reason="the jax backend is not installed (pip install 'xbridge[jax]')")
+pytest.importorskip("torchax", reason="the jax backend needs torchax (scripts/setup.sh installs it)")
+torch = pytest.importorskip("torch", reason="the jax backend lowers torch programs (pip install 'xbridge[jax]')")
 
 
 def _run(program, target, steps, devices=1, mode=None, warmup=1):

@@ -18,6 +18,7 @@ from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions, prepare, train
 
 pytestmark = pytest.mark.cli
+pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
 
 
 def _eager(program, steps):

@@ -10,6 +10,7 @@ import difflib
 import json
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 class Format(StrEnum):
     human = "human"
     json = "json"
+
+
+# Options several commands take, declared once.
+PROGRAM = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME.")
+TARGET_DEVICES = typer.Option(1, help="Devices for sharded targets (eager always uses 1).")
+MESH = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2.")
+FORMAT = typer.Option(Format.human, "--format", help="human: tables for a person; json: one JSON document on stdout.")
+TIMEOUT = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout.")
 
 
 def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None) -> Any:
@@ -100,6 +109,22 @@ class _WithBackendOptions(TyperCommand):
                 click.echo(f"   {line}")
 
 
+def _over_targets(job: Callable[..., dict[str, Any]], program_path: str, options: Any, out: Path,
+                  format: Format) -> dict[str, Any]:
+    """What compare and parity share: load the program with the options' overrides, check --out before any work,
+    run the job (``job(program_path, program, options, out, progress)``, named like its command) with a progress
+    display, print the record with ``tables.print_<command>``."""
+    from . import tables
+    from .progress import target_progress
+
+    prog = _load(program_path, options.precision, mesh=options.mesh)
+    check_writable(out, "--out")
+    with target_progress(enabled=format is Format.human, label=f"{job.__name__} {prog.name}") as tick:
+        record = job(program_path, prog, options, out, progress=tick)
+    _emit(record, format, getattr(tables, f"print_{job.__name__}"))
+    return record
+
+
 def _emit(record: Any, format: Format, human: Any) -> None:
     if format is Format.json:
         print(json.dumps(record, indent=2))
@@ -125,7 +150,7 @@ def run(
     precision: str | None = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, "
                                                     "fp16-mixed or params=...,compute=...,output=..."),
     devices: int = typer.Option(1, help="Devices the mesh spans."),
-    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    mesh: str | None = MESH,
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
     dump: Path | None = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     save_state: Path | None = typer.Option(None, help="Write the final parameters and buffers (eager names) to "
@@ -176,35 +201,27 @@ def run(
 @app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cpu,jax-cpu --steps 20 --out "
                     "out/compare")
 def compare(
-    program: str = typer.Argument(..., help="Program file."),
+    program: str = PROGRAM,
     backends: str | None = typer.Option(
         None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option "
         "(e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; "
         "eager-cpu is always run as the reference."),
     steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
     warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
-    devices: int = typer.Option(1, help="Devices for sharded targets (eager always uses 1)."),
+    devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the program's precision."),
-    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
-    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a "
-                                              "timeout."),
+    mesh: str | None = MESH,
+    timeout: float = TIMEOUT,
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
-    format: Format = typer.Option(Format.human, "--format"),
+    format: Format = FORMAT,
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
-    from ..compare.job import CompareOptions
-    from ..compare.job import compare as run_compare
-    from .progress import target_progress
-    from .tables import print_compare
+    from ..compare.job import CompareOptions, compare
 
-    prog = _load(program, precision, mesh=mesh)
-    check_writable(out, "--out")
     options = CompareOptions(targets=_target_list(backends), steps=steps, warmup=warmup, devices=devices,
                              precision=precision, mesh=mesh, timeout_s=timeout)
-    with target_progress(enabled=format is Format.human, label=f"compare {prog.name}") as tick:
-        record = run_compare(program, prog, options, out, progress=tick)
-    _emit(record, format, print_compare)
+    record = _over_targets(compare, program, options, out, format)
     if any(row["status"] != "ok" for row in record["targets"]):
         raise typer.Exit(1)
 
@@ -212,42 +229,35 @@ def compare(
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
                     "data=-1,model=2 --bisect")
 def parity(
-    program: str = typer.Argument(..., help="Program file."),
+    program: str = PROGRAM,
     backends: str | None = typer.Option(None, "--backends", help="Comma-separated targets to check, each "
                                                                  "optionally TARGET:OPTION=VALUE (e.g. "
                                                                  "xla-cpu:xla-mode=openxla). Default: every target "
                                                                  "available here."),
     steps: int = typer.Option(20, help="Steps to compare."),
-    devices: int = typer.Option(1, help="Devices for sharded targets."),
+    devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the precision (the reference runs it too; the "
                                                     "fp32 deviation is reported as well)."),
-    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    mesh: str | None = MESH,
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
-    timeout: float = typer.Option(900.0, help="Seconds before a target's process is stopped."),
+    timeout: float = TIMEOUT,
     out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each "
                                                       "target's state."),
-    format: Format = typer.Option(Format.human, "--format"),
+    format: Format = FORMAT,
 ) -> None:
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
-    from ..parity.job import ParityOptions, check, write
-    from .progress import target_progress
-    from .tables import print_parity
+    from ..parity.job import ParityOptions, parity
 
-    prog = _load(program, precision, mesh=mesh)
-    check_writable(out, "--out")
     options = ParityOptions(targets=_target_list(backends), steps=steps, devices=devices, precision=precision,
                             mesh=mesh, bisect=bisect, timeout_s=timeout)
-    with target_progress(enabled=format is Format.human, label=f"parity {prog.name}") as tick:
-        record = check(program, prog, options, out, progress=tick)
-    write(out, record)
-    _emit(record, format, print_parity)
+    record = _over_targets(parity, program, options, out, format)
     if not record["passed"]:
         raise typer.Exit(1)
 
 
 @app.command(epilog="Example: xbridge backends --format json")
-def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
+def backends(format: Format = FORMAT) -> None:
     """List every known target: available here, or the reason it is not; versions and device counts."""
     from ..backend.registry import describe
     from .tables import print_backends
@@ -258,11 +268,11 @@ def backends(format: Format = typer.Option(Format.human, "--format")) -> None:
 
 @app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")
 def inspect(
-    program: str = typer.Argument(..., help="Program file."),
+    program: str = PROGRAM,
     devices: int = typer.Option(1, help="Devices the mesh spans."),
-    mesh: str | None = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2."),
+    mesh: str | None = MESH,
     precision: str | None = typer.Option(None, help="Override the precision (changes parameter bytes)."),
-    format: Format = typer.Option(Format.human, "--format"),
+    format: Format = FORMAT,
 ) -> None:
     """Print parameter count, FLOPs per step and the sharding plan, without running anything."""
     from ..compare.flops import flops_per_step

@@ -68,8 +68,10 @@ def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weigh
     return outcome
 
 
-def check(program_ref: str, program: Program, options: ParityOptions, out: Path,
-          progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
+           progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the reference and every target from the same weights; return the verdicts (also written to
+    ``out/parity.json``)."""
     from ..weights import initial_weights
 
     targets = [t for t in resolve_targets(options.targets) if t != REFERENCE] or [REFERENCE]
@@ -112,7 +114,7 @@ def check(program_ref: str, program: Program, options: ParityOptions, out: Path,
         rows.append(entry)
         if progress:
             progress(target, entry)
-    return {
+    record = {
         "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
         "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
         "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
@@ -121,7 +123,5 @@ def check(program_ref: str, program: Program, options: ParityOptions, out: Path,
                                                      "losses": fp32.losses if fp32.run.result else None},
         "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows),
     }
-
-
-def write(out: Path, record: dict[str, Any]) -> Path:
-    return write_json(out / "parity.json", record)
+    write_json(out / "parity.json", record)
+    return record
