@@ -86,13 +86,17 @@ def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:
     model.register_forward_hook(hook)
 
 
-def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = False,
+                   foreach: bool = False) -> torch.optim.Optimizer:
     """torch.optim from the spec, every hyperparameter passed.
 
     ``on_device``: the learning rate and Adam's step count live in device tensors (``capturable``), so a traced
     backend (torch_xla) sees the same graph every step instead of new Python constants. The lr tensor is marked
     requires_grad only so that torch.optim.SGD takes its tensor path (``addcmul_``) instead of turning it into a
-    Python number (a host sync); nothing differentiates through it."""
+    Python number (a host sync); nothing differentiates through it.
+
+    ``foreach``: torch.optim's multi-tensor update. Under torch.compile it traces to a much smaller graph than the
+    per-parameter loop and compiles in a fraction of the time (same arithmetic)."""
     spec = program.optimizer
     params = [p for p in model.parameters() if p.requires_grad]
     lr: Any = spec.lr
@@ -101,10 +105,10 @@ def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = F
     if isinstance(spec, AdamW):
         opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr, betas=spec.betas, eps=spec.eps,
                                                        weight_decay=spec.weight_decay, amsgrad=False,
-                                                       foreach=False, maximize=False, capturable=on_device)
+                                                       foreach=foreach, maximize=False, capturable=on_device)
     elif isinstance(spec, SGD):
         opt = torch.optim.SGD(params, lr=lr, momentum=spec.momentum, dampening=spec.dampening,
-                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=False,
+                              weight_decay=spec.weight_decay, nesterov=spec.nesterov, foreach=foreach,
                               maximize=False)
     else:  # Program validation makes this unreachable
         raise TypeError(f"unsupported optimizer spec {spec!r}")
@@ -153,14 +157,14 @@ class TrainStep:
     tensor."""
 
     def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
-                 compile: Callable[[Callable], Callable] | None = None) -> None:
+                 compile: Callable[[Callable], Callable] | None = None, foreach: bool = False) -> None:
         """``compile``: a backend's compiler (torch.compile) for the loss (forward, and backward through
-        AOTAutograd) and for the optimizer update."""
+        AOTAutograd) and for the optimizer update; ``foreach``: see :func:`make_optimizer`."""
         self.program = program
         self.model = model
         self.device_type = device.type
         self.updates = 0
-        self.optimizer = make_optimizer(program, model, on_device)
+        self.optimizer = make_optimizer(program, model, on_device, foreach)
         self.loss_fn = compile(program.loss) if compile else program.loss
         self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
         scaled = program.precision.loss_scale == "dynamic"

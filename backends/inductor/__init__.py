@@ -35,9 +35,24 @@ class InductorBackend(TorchDeviceBackend):
         return None
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
-        """Inductor's on-disk cache under the user's cache folder (kept between runs and tests), and its debug
-        trace (FX graphs, generated code) under --dump; both are read when torch._inductor is first imported."""
+        """Inductor's on-disk caches under the user's cache folder (kept between runs), and its debug trace (FX
+        graphs, generated code) under --dump.
+
+        ``TORCHINDUCTOR_CACHE_DIR`` is read at each cache access. The other settings are read once, when their
+        torch config module is imported, which building the model on the meta device (the plan) may already have
+        done in this process: they are set on the config modules here, and as environment variables for the
+        processes started later (the distributed workers)."""
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+        import torch._dynamo.config
+        import torch._functorch.config
+        import torch._inductor.config as inductor_config
+
+        # Skip the build-and-run probe of the CPU's base vector ISAs (torch/_inductor/cpu_vec_isa.py starts a
+        # `python -c "import torch ..."` per ISA, about 2 s each, in every process); TORCHINDUCTOR_VEC_ISA_OK=0
+        # (the user's) still wins.
+        if inductor_config.cpp.vec_isa_ok is None:
+            inductor_config.cpp.vec_isa_ok = True
+            os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             os.environ["TORCH_COMPILE_DEBUG"] = "1"
@@ -45,6 +60,10 @@ class InductorBackend(TorchDeviceBackend):
             # a cache hit skips code generation, and with it the dump: compile from scratch when dumping
             os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
             os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+            inductor_config.trace.enabled = True
+            inductor_config.fx_graph_cache = False
+            torch._functorch.config.enable_autograd_cache = False
+            torch._dynamo.config.debug_dir_root = str(dump / "torch_compile_debug")
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         mode = options["compile_mode"]

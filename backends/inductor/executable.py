@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, counters
 
+from xbridge.backend import CompileCache
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
@@ -22,19 +23,39 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def cache_counts() -> tuple[int, int]:
+    """Hits and misses of Inductor's FX-graph cache and AOTAutograd's cache in this process so far."""
+    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    return int(hits), int(misses)
+
+
+# torch's ``dynamo_timed`` phases reported per run (nested: the first holds the others)
+PHASES = {"_compile.compile_inner": "Dynamo capture + backend (all)", "bytecode_tracing": "Dynamo bytecode tracing",
+          "OutputGraph.call_user_compiler": "AOTAutograd + Inductor", "fx_codegen_and_compile": "Inductor codegen",
+          "compile_file": "C++ compile", "PyCodeCache.load_by_key_path": "load compiled modules"}
+
+
+def phase_seconds() -> dict[str, float]:
+    """Seconds per compile phase in this process so far, as torch._dynamo times them."""
+    return {label: float(sum(compilation_time_metrics.get(name, ()))) for name, label in PHASES.items()}
+
+
 class InductorExecutable(TorchExecutable):
     train_step_class: type[TrainStep] = TrainStep
+    foreach = True     # the multi-tensor optimizer update: a smaller graph that compiles in a fraction of the time
 
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
         super().__init__(program, plan, device)
         self.mode = mode
         self.warm_graphs = 0
+        self._cache_start, self._seconds_start = cache_counts(), phase_seconds()
 
     def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         mode = None if self.mode == "default" else self.mode
         # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.
         return self.train_step_class(self.program, model, self.device, on_device=True,
-                                     compile=lambda fn: torch.compile(fn, mode=mode))
+                                     compile=lambda fn: torch.compile(fn, mode=mode), foreach=self.foreach)
 
     def recompiles(self) -> int:
         return compiled_graphs() - self.warm_graphs
@@ -44,6 +65,12 @@ class InductorExecutable(TorchExecutable):
 
     def mark_warm(self) -> None:
         self.warm_graphs = compiled_graphs()
+
+    def compile_cache(self) -> CompileCache | None:
+        (hits, misses), (hits0, misses0) = cache_counts(), self._cache_start
+        seconds = {name: round(value - self._seconds_start.get(name, 0.0), 3)
+                   for name, value in phase_seconds().items() if value - self._seconds_start.get(name, 0.0) > 0}
+        return CompileCache(hits - hits0, misses - misses0, "Inductor FX-graph cache + AOTAutograd cache", seconds)
 
     def dump(self, directory: Path) -> list[Path]:
         # TORCH_COMPILE_DEBUG (set by the backend's configure) wrote the FX graphs and Inductor's output code here.

@@ -26,7 +26,7 @@ import numpy as np
 import torch.distributed as dist
 
 from xbridge import errors
-from xbridge.backend import Executable, Target
+from xbridge.backend import CompileCache, Executable, Target
 from xbridge.errors import LoweringError, RunError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
@@ -191,3 +191,6 @@ class DistributedExecutable(Executable):
 
     def device_peak_bytes(self) -> int | None:
         return self.engine.device_peak_bytes()
+
+    def compile_cache(self) -> CompileCache | None:
+        return self.engine.compile_cache()     # rank 0's (every rank compiles the same graphs)

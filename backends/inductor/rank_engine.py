@@ -99,6 +99,7 @@ class RankEngine(InductorExecutable):
     DTensor modules return replicated outputs), so the outputs are the full ones and the same on every rank."""
 
     train_step_class = DistributedTrainStep
+    foreach = False    # per-parameter over DTensors and FSDP2 shards: the distributed parity figures were measured so
 
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
         super().__init__(program, plan, device, mode)

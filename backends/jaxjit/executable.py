@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xbridge import hints
-from xbridge.backend import Executable, Target
+from xbridge.backend import CompileCache, Executable, Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
@@ -26,6 +26,30 @@ from xbridge.planner import ShardingPlan
 from .._torch.train import build_model
 from . import optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
+
+# JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
+_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+_DURATIONS = {"/jax/core/compile/jaxpr_trace_duration": "trace (torchax + jaxpr)",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower to StableHLO",
+              "/jax/core/compile/backend_compile_duration": "XLA compile or cache load"}
+_counts: dict[str, float] = {}
+
+
+def _count_event(event: str, **kwargs: str | int) -> None:
+    if event in _EVENTS:
+        _counts[_EVENTS[event]] = _counts.get(_EVENTS[event], 0) + 1
+
+
+def _count_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    if event in _DURATIONS:
+        _counts[_DURATIONS[event]] = _counts.get(_DURATIONS[event], 0.0) + duration_secs
+
+
+def _listen_once() -> None:
+    if "listening" not in _counts:
+        jax.monitoring.register_event_listener(_count_event)
+        jax.monitoring.register_event_duration_secs_listener(_count_duration)
+        _counts["listening"] = 1
 
 
 def enable_compilation_cache() -> None:
@@ -49,6 +73,8 @@ class JaxExecutable(Executable):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
         enable_compilation_cache()
+        _listen_once()
+        self._counts_start = dict(_counts)
         available = jax.devices(target.device)
         if len(available) < plan.devices:
             raise BackendUnavailable(f"target {target} has {len(available)} device(s), the plan needs {plan.devices}")
@@ -314,6 +340,12 @@ class JaxExecutable(Executable):
 
     def mark_warm(self) -> None:
         self.warm_traces = self.traces
+
+    def compile_cache(self) -> CompileCache | None:
+        delta = {k: v - self._counts_start.get(k, 0) for k, v in _counts.items() if k != "listening"}
+        return CompileCache(int(delta.get("hits", 0)), int(delta.get("misses", 0)),
+                            "JAX persistent compilation cache",
+                            {name: round(delta[name], 3) for name in _DURATIONS.values() if delta.get(name)})
 
     def dump(self, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)

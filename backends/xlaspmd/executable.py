@@ -26,7 +26,7 @@ import torch_xla.runtime as xr
 
 import xbridge
 from xbridge import hints
-from xbridge.backend import Target
+from xbridge.backend import CompileCache, Target
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.ir.program import Program
@@ -52,6 +52,16 @@ def start_runtime() -> None:
 def compile_count() -> int:
     data = met.metric_data("CompileTime")
     return int(data[0]) if data else 0
+
+
+def compile_seconds() -> float:
+    """XLA compile time in this process so far (torch_xla's CompileTime metric accumulates nanoseconds)."""
+    data = met.metric_data("CompileTime")
+    return float(data[1]) / 1e9 if data else 0.0
+
+
+def persistent_cache_hits() -> int:
+    return int(met.counter_value("PersistentCacheHit") or 0)
 
 
 def dynamo_graphs() -> int:
@@ -138,6 +148,7 @@ class XlaExecutable(TorchTrainState):
         self._warm_debug_offset = 0
         self._warm_guard_failures: dict[Any, int] = {}
         self.first_compiles = compile_count()
+        self._cache_start = (persistent_cache_hits(), compile_count(), compile_seconds())
 
     def _spec(self, spec: tuple, rank: int) -> tuple:
         return tuple(spec) + (None,) * (rank - len(spec))
@@ -270,6 +281,16 @@ class XlaExecutable(TorchTrainState):
                 # "0/1: tensor 'batch['x']' size mismatch ..." -> without the compile id
                 out.append(f"{name}: {re.sub(r'^[0-9/]+: ', '', str(reason)).strip()}")
         return out
+
+    def compile_cache(self) -> CompileCache | None:
+        """On TPU the persistent cache is on: a compile that loads from it is a hit. On CPU it is off (see
+        start_runtime), so every compile is a miss: xla-cpu always starts cold."""
+        hits = persistent_cache_hits() - self._cache_start[0]
+        compiles = compile_count() - self._cache_start[1]
+        caches = ("torch_xla persistent cache" if xr.device_type() != "CPU"
+                  else "none: PJRT CPU cannot reload compiled executables")
+        return CompileCache(hits, max(compiles - hits, 0), caches,
+                            {"XLA compile": round(compile_seconds() - self._cache_start[2], 3)})
 
     def mark_warm(self) -> None:
         self.warm_compiles = compile_count()

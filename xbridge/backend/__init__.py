@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,29 @@ class BackendOption:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+@dataclass
+class CompileCache:
+    """What a run's compilations found in the backend's persistent caches, and the compile phases it timed."""
+
+    hits: int
+    misses: int
+    caches: str                                 # which caches, in the backend's words
+    seconds: dict[str, float] = field(default_factory=dict)   # compile phases as the backend times them
+
+    @property
+    def state(self) -> str:
+        """warm: every lookup hit; cold: every lookup missed; partial: both; unused: no lookup."""
+        if self.hits and not self.misses:
+            return "warm"
+        if self.misses and not self.hits:
+            return "cold"
+        return "partial" if self.hits else "unused"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "state": self.state, "caches": self.caches,
+                "seconds": self.seconds}
 
 
 class Executable(ABC):
@@ -116,6 +139,11 @@ class Executable(ABC):
 
     def device_peak_bytes(self) -> int | None:
         """Peak device memory in use during the run, where the runtime reports it."""
+        return None
+
+    def compile_cache(self) -> CompileCache | None:
+        """Persistent compile-cache hits and misses of this run's compilations (is the compile column a cold or a
+        warm start?); None for a backend that compiles nothing."""
         return None
 
 

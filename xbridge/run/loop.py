@@ -247,4 +247,5 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         checkpoints=saved, steps=records, summary=summary, dumped=dumped,
         device_kind=executable.device_kind() or target.device, device_peak_bytes=executable.device_peak_bytes(),
         peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
-        layout=executable.layout())
+        layout=executable.layout(),
+        compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None)

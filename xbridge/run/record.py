@@ -79,6 +79,7 @@ class RunRecord:
     device_peak_bytes: int | None
     peak_host_rss_bytes: int
     layout: dict[str, dict[str, Any]]
+    compile_cache: dict[str, Any] | None = None   # CompileCache.to_json(): hits, misses, state, caches, seconds
     written: str | None = None        # where run.json went (--out)
     record_version: int = RECORD_VERSION
 
