@@ -6,6 +6,7 @@ Backend options (``--sharding-mode``, ``--xla-mode``, ...) are not written here:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -254,6 +255,26 @@ def parity(
     record = _over_targets(parity, program, options, out, format)
     if not record["passed"]:
         raise typer.Exit(1)
+
+
+@app.command(epilog="Example: xbridge cache --clear inductor")
+def cache(
+    names: list[str] = typer.Argument(None, help="With --clear: the caches to empty (default: all).",
+                                      show_default=False),
+    clear: bool = typer.Option(False, "--clear", help="Empty the caches (the next run of each backend compiles "
+                                                      "from scratch)."),
+    format: Format = FORMAT,
+) -> None:
+    """Where the compilation caches are and how big they are; --clear empties them."""
+    from .. import cache as caches
+    from .tables import print_caches
+
+    if names and not clear:
+        raise ConfigError("cache names are for --clear (xbridge cache --clear inductor); `xbridge cache` lists them")
+    removed = caches.clear(list(names or [])) if clear else None
+    rows = [dataclasses.asdict(info) for info in (removed if removed is not None else caches.describe())]
+    record = {"root": str(caches.cache_root()), "cleared": clear, "caches": rows}
+    _emit(record, format, print_caches)
 
 
 @app.command(epilog="Example: xbridge backends --format json")

@@ -33,7 +33,10 @@ def print_run(result: RunRecord) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
-        ("first step (compile + run)", _ms(s.compile_s)),
+        ("first step (compile + run)", _ms(s.compile_s) + (f", {result.compile_cache['state']} compile cache "
+                                                           f"({result.compile_cache['hits']} hits, "
+                                                           f"{result.compile_cache['misses']} misses)"
+                                                           if result.compile_cache else "")),
         (f"step time median over {s.timed_steps} steps", _ms(s.step_time_median_s)),
         ("step time p10 / p90", f"{_ms(s.step_time_p10_s)} / {_ms(s.step_time_p90_s)}"),
         ("samples/s", f"{s.samples_per_s:.1f}"),
@@ -87,7 +90,7 @@ def print_compare(record: dict[str, Any]) -> None:
     table = Table(title=f"{escape(record['program'])}: {record['precision']}, {record['options']['steps']} steps "
                         f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
                         f"config {record['config_hash']}")
-    columns = ("target", "status", "compile s", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
+    columns = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
                "peak RSS", "recompiles", "final loss", "max loss dev")
     for col in columns:   # a target variant (xla-cpu:xla-mode=openxla) wraps rather than being cut short
         table.add_column(col, justify="left" if col in ("target", "status") else "right",
@@ -100,7 +103,8 @@ def print_compare(record: dict[str, Any]) -> None:
         m = row["metrics"]
         dev = m.get("max_loss_dev")
         dev_text = "-" if dev is None else (f"{dev:.1e}" + ("" if m.get("loss_parity") else " [red]FAIL[/]"))
-        table.add_row(row["target"], "[green]ok[/]", f"{m['compile_s']:.2f}",
+        cache = f" ({m['compile_cache']})" if m.get("compile_cache") else ""
+        table.add_row(row["target"], "[green]ok[/]", f"{m['compile_s']:.2f}{cache}",
                       f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
                       f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
                       f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
@@ -142,3 +146,17 @@ def print_parity(record: dict[str, Any]) -> None:
             cells.append("none" if found is None else f"{escape(found['module'])} ({found['deviation']:.2e})")
         table.add_row(*cells)
     console.print(table)
+
+
+def print_caches(record: dict[str, Any]) -> None:
+    verb = "cleared" if record["cleared"] else "compilation caches"
+    table = Table(title=f"{verb} under {escape(record['root'])}")
+    for col in ("cache", "files", "size", "what"):
+        table.add_column(col, justify="right" if col in ("files", "size") else "left")
+    for row in record["caches"]:
+        what = row["what"] + (f" [yellow](not used now: {row['overridden_by']} is set)[/]" if row["overridden_by"]
+                              else "")
+        table.add_row(row["name"], str(row["files"]), _bytes(row["bytes"]), what)
+    console.print(table)
+    if not record["caches"]:
+        console.print("no cache" + (" to clear" if record["cleared"] else " yet: the first compiled run writes them"))

@@ -44,6 +44,7 @@ class TargetMetrics:
     """A finished target's row of the comparison."""
 
     compile_s: float
+    compile_cache: str | None      # warm, cold, partial, unused (CompileCache.state); None: nothing compiled
     step_ms_median: float
     step_ms_p10: float
     step_ms_p90: float
@@ -90,7 +91,8 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int) -> dict[str,
         peak, devices = _peak_for(run, program.precision.compute, cpu_peaks)
         achieved = flops / s.step_time_median_s
         metrics = TargetMetrics(
-            compile_s=s.compile_s, step_ms_median=s.step_time_median_s * 1e3, step_ms_p10=s.step_time_p10_s * 1e3,
+            compile_s=s.compile_s, compile_cache=(result.compile_cache or {}).get("state"),
+            step_ms_median=s.step_time_median_s * 1e3, step_ms_p10=s.step_time_p10_s * 1e3,
             step_ms_p90=s.step_time_p90_s * 1e3, samples_per_s=s.samples_per_s, tokens_per_s=s.tokens_per_s,
             achieved_tflops=achieved / 1e12, peak_tflops=peak.flops * devices / 1e12,
             mfu=achieved / (peak.flops * devices), peak_source=peak.source,
