@@ -35,12 +35,15 @@ def test_compare_every_available_target(tmp_path):
         sharded = registry.load(row["target"].rpartition("-")[0]).backend.sharded
         assert row["devices"] == (2 if sharded else 1)          # unsharded backends run on one device
         assert (tmp_path / "runs" / row["target"] / "run.json").exists()
+        # the compile column says whether the persistent caches were cold or warm (eager compiles nothing)
+        assert m["compile_cache"] in ((None,) if row["target"] == "eager-cpu" else ("cold", "warm", "partial"))
     assert record["targets"][0]["metrics"]["max_loss_dev"] == 0.0
     assert "measured" in record["targets"][0]["metrics"]["peak_source"]
     with open(tmp_path / "results.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [r["target"] for r in rows] == targets
     assert float(rows[1]["step_ms_median"]) > 0 and rows[1]["loss_parity"] == "True"
+    assert rows[1]["compile_cache"] in ("cold", "warm", "partial")
     for name in ("loss.png", "step_time.png", "mfu.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
