@@ -47,7 +47,7 @@ def _adamw_mlp(tmp_path):
 
 def _eager(program, steps):
     prepared = prepare(program, "eager-cpu", RunOptions(steps=steps))
-    return [r["loss"] for r in train(program, prepared, steps, 1)], prepared.executable.state_dict()
+    return [r.loss for r in train(program, prepared, steps, 1)], prepared.executable.state_dict()
 
 
 @pytest.mark.slow
