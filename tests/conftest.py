@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
-# JAX reads its virtual CPU device count once, before it initialises: give the test process 8 (subprocesses
-# inherit it). Backends only take what a test's plan asks for.
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-
 from helpers import PROGRAMS
+
+# Hermetic runs: the session compiles into a cache folder of its own (it starts cold, and nothing is written to
+# ~/.cache), and the frameworks' own cache variables do not send anything elsewhere. XBRIDGE_TEST_CACHE_DIR keeps a
+# folder across sessions while iterating. Subprocesses inherit this environment; it holds no XLA_FLAGS of ours, so
+# CLI tests take the user's path (`--devices N` alone).
+_OWN_CACHE = "XBRIDGE_TEST_CACHE_DIR" not in os.environ
+os.environ["XBRIDGE_CACHE_DIR"] = os.environ.get("XBRIDGE_TEST_CACHE_DIR") or tempfile.mkdtemp(
+    prefix="xbridge-test-cache-")
+for _name in ("TORCHINDUCTOR_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR"):
+    os.environ.pop(_name, None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["XBRIDGE_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_devices_in_this_process():
+    """In-process tests plan for up to 8 devices, and JAX fixes its virtual CPU device count when it first starts:
+    ask for 8 in this process only (a backend never lowers what was asked for)."""
+    try:
+        import jax
+    except ImportError:
+        return
+    jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture(scope="session")

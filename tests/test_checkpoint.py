@@ -64,7 +64,8 @@ def test_format_is_safetensors_and_a_manifest(tmp_path, mlp_program):
 
 @pytest.mark.parametrize("target,which,devices,precision", [
     ("eager-cpu", "mlp", 1, "fp32"), ("eager-cpu", "gpt", 1, "fp32"), ("jax-cpu", "gpt", 4, "fp32"),
-    ("eager-cpu", "gpt", 1, "bf16-true"), ("jax-cpu", "mlp", 1, "fp16-mixed")])
+    ("eager-cpu", "gpt", 1, "bf16-true"), ("jax-cpu", "mlp", 1, "fp16-mixed"), ("inductor-cpu", "mlp", 1, "fp32"),
+    ("inductor-cpu", "gpt", 1, "fp16-mixed")])
 def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, devices, precision, mlp_program, tiny_gpt):
     """bf16 parameters and Adam state go through float32 in the file and back; fp16 carries the loss scale."""
     program = {"mlp": mlp_program, "gpt": tiny_gpt}[which].replace(precision=precision)
@@ -80,20 +81,42 @@ def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, device
     assert all(np.array_equal(a[n], b[n]) for n in a)
 
 
-def _within_policy(resumed, reference, program):
+@pytest.mark.slow   # subprocesses: torch_xla runs in its own process, as users run it
+def test_resume_is_bit_exact_on_xla(tmp_path):
+    common = ("--backend", "xla-cpu", "--devices", "2", "--mesh", "data=-1,model=2", "--warmup", "1", "--format",
+              "json")
+    full = run_cli("run", MLP, "--steps", "6", "--save-state", str(tmp_path / "full.npz"), *common)
+    first = run_cli("run", MLP, "--steps", "4", "--checkpoint-dir", str(tmp_path / "ck"), *common)
+    rest = run_cli("run", MLP, "--steps", "6", "--resume", str(tmp_path / "ck"), "--save-state",
+                   str(tmp_path / "rest.npz"), *common)
+    for proc in (full, first, rest):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(p.stdout) for p in (full, first, rest)]
+    assert losses(records[1]) + losses(records[2]) == losses(records[0])       # bit for bit
+    a, b = read_npz(tmp_path / "full.npz", "full"), read_npz(tmp_path / "rest.npz", "rest")
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def _within_policy(resumed, reference, program, state=None, reference_state=None):
+    """Losses (and, given, final parameters) of a run resumed on another backend against an uninterrupted one."""
     tol = parity.tolerance(program.precision)
     ref = reference[-len(resumed):]
     deviation = max(abs(x - y) / abs(y) for x, y in zip(resumed, ref))
     assert deviation <= tol.loss_rtol, (deviation, resumed, ref)
+    if state is not None:
+        params = parity.param_deviation(reference_state, state, tol)
+        assert params.ok, params
 
 
 def test_adamw_state_crosses_from_eager_to_jax_on_another_mesh(tmp_path, tiny_gpt):
     """Written unsharded by eager, resumed by jax with the weights and Adam state sharded over model=2."""
-    reference = losses(run(tiny_gpt, "eager-cpu", RunOptions(steps=8, warmup=1)))
+    reference = losses(run(tiny_gpt, "eager-cpu", RunOptions(steps=8, warmup=1, state_out=tmp_path / "ref.npz")))
     run(tiny_gpt, "eager-cpu", RunOptions(steps=4, warmup=1, checkpoint_dir=tmp_path / "ck"))
     sharded = tiny_gpt.replace(mesh=xb.Mesh(data=-1, model=2))
-    resumed = run(sharded, "jax-cpu", RunOptions(steps=8, warmup=1, devices=4, resume=tmp_path / "ck"))
-    _within_policy(losses(resumed), reference, tiny_gpt)
+    resumed = run(sharded, "jax-cpu", RunOptions(steps=8, warmup=1, devices=4, resume=tmp_path / "ck",
+                                                  state_out=tmp_path / "out.npz"))
+    _within_policy(losses(resumed), reference, tiny_gpt, read_npz(tmp_path / "out.npz", "out"),
+                   read_npz(tmp_path / "ref.npz", "ref"))
     q = resumed.layout["blocks.0.q.weight"]
     assert q["spec"] == "PartitionSpec('model', None)" and q["shard_shapes"][0] == [16, 32]
 
@@ -104,17 +127,19 @@ def test_adamw_state_crosses_from_eager_to_jax_on_another_mesh(tmp_path, tiny_gp
     (["jax-cpu", "--devices", "2"], ["xla-cpu", "--devices", "4", "--mesh", "data=2,model=2"]),
 ])
 def test_resume_on_another_backend_and_mesh(tmp_path, first, second, mlp_program):
-    reference = losses(run(mlp_program, "eager-cpu", RunOptions(steps=8, warmup=1)))
+    reference = losses(run(mlp_program, "eager-cpu", RunOptions(steps=8, warmup=1,
+                                                                state_out=tmp_path / "ref.npz")))
     ck = str(tmp_path / "ck")
     written = run_cli("run", MLP, "--steps", "4", "--warmup", "1", "--checkpoint-dir", ck, "--format", "json",
                       "--backend", *first)
     assert written.returncode == 0, written.stderr
     resumed = run_cli("run", MLP, "--steps", "8", "--warmup", "1", "--resume", ck, "--format", "json",
-                      "--backend", *second)
+                      "--save-state", str(tmp_path / "out.npz"), "--backend", *second)
     assert resumed.returncode == 0, resumed.stderr
     record = json.loads(resumed.stdout)
     assert record["start_step"] == 4 and record["config_changes"] == ["mesh"]
-    _within_policy(losses(record), reference, mlp_program)
+    _within_policy(losses(record), reference, mlp_program, read_npz(tmp_path / "out.npz", "out"),
+                   read_npz(tmp_path / "ref.npz", "ref"))
     assert record["layout"]["fc1.weight"]["shard_shapes"][0] == [128, 64]        # resharded: model=2
 
 
@@ -144,10 +169,11 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, phase, mlp
 
 
 @pytest.mark.slow   # subprocesses
-def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_program):
+@pytest.mark.parametrize("target", ["eager-cpu", "jax-cpu", "inductor-cpu", "xla-cpu"])
+def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_program, target):
     ck = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", MLP, "--steps", "100000", "--checkpoint-dir",
-                             str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", MLP, "--backend", target, "--steps", "100000",
+                             "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "XBRIDGE_DEBUG": "0"})
     try:
         deadline = time.monotonic() + 300
@@ -185,7 +211,8 @@ def test_nan_loss_names_the_step_and_gradient_and_keeps_the_last_good_checkpoint
     assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [4, 5, 6]
 
 
-@pytest.mark.parametrize("target", ["jax-cpu"])
+@pytest.mark.slow   # subprocesses
+@pytest.mark.parametrize("target", ["jax-cpu", "inductor-cpu", "xla-cpu"])
 def test_nan_loss_names_the_gradient_on_a_compiled_backend(target):
     proc = run_cli("run", DIVERGES, "--steps", "20", "--backend", target)
     assert proc.returncode == 1

@@ -33,7 +33,7 @@ def test_listed_with_its_option(plugin_env):
     rows = {row["target"]: row for row in json.loads(proc.stdout)}
     assert rows["toy-cpu"]["available"], rows["toy-cpu"]
     helptext = run_cli("run", "--help", env=plugin_env).stdout
-    assert "--update {optim|foreach} (toy only; default optim)" in helptext
+    assert "--update {optim|foreach|skewed-export} (toy only; default optim)" in helptext
 
 
 def test_run_takes_its_declared_option_and_the_core_checks_it(plugin_env):
@@ -46,7 +46,8 @@ def test_run_takes_its_declared_option_and_the_core_checks_it(plugin_env):
     assert record["summary"]["recompiles_after_warmup"] == 0          # the Executable's defaults
     bad = run_cli("run", MLP, "--backend", "toy-cpu", "--update", "fused", env=plugin_env)
     assert bad.returncode == 2
-    assert "--update 'fused' is not a choice of target toy-cpu; use one of optim, foreach" in one_error_line(bad)
+    assert "--update 'fused' is not a choice of target toy-cpu; use one of optim, foreach, skewed-export" \
+        in one_error_line(bad)
     other = run_cli("run", MLP, "--backend", "eager-cpu", "--update", "optim", env=plugin_env)
     assert other.returncode == 2 and "target eager-cpu takes no --update" in one_error_line(other)
 
@@ -60,3 +61,14 @@ def test_parity_of_both_variants_against_eager(plugin_env, tmp_path):
     assert set(rows) == {"toy-cpu", "toy-cpu:update=foreach"}
     for row in rows.values():
         assert row["verdict"] == "pass" and row["max_loss_dev"] <= record["tolerance"]["loss_rtol"], row
+
+
+def test_parity_catches_a_wrong_parameter_when_every_loss_matches(plugin_env, tmp_path):
+    """The loss check alone would pass this backend: only the parameter comparison sees the skewed export, and the
+    verdict names the parameter."""
+    proc = run_cli("parity", MLP, "--backends", "toy-cpu:update=skewed-export", "--steps", "3", "--format", "json",
+                   "--out", str(tmp_path), env=plugin_env)
+    assert proc.returncode == 1, proc.stderr
+    (row,) = json.loads(proc.stdout)["targets"]
+    assert row["verdict"] == "FAIL" and row["first_failing_step"] is None and row["max_loss_dev"] < 1e-6, row
+    assert row["max_param_dev_at"] == "out.bias" and row["max_param_dev"] > row["param_limit"], row

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from helpers import PROGRAMS, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.backend import registry
 from xbridge.errors import BackendUnavailable
 from xbridge.parity import policy as parity
@@ -94,33 +94,11 @@ def test_schedule_and_fp16_without_recompiles(tmp_path, mlp_program, mode):
     assert [s["lr"] for s in result["steps"]] == pytest.approx([3e-3 * xb.WarmupCosine(3, 10).factor(t) for t in range(8)])
 
 
-# Batch-size warm-up: half batches for the first 3 steps, then full ones. The full shape first appears at step 3,
-# after the 2 warm-up steps, so it compiles again there: a recompile with a known cause.
-HALF_BATCH_FIRST = """
-import dataclasses
-import xbridge as xb
-from xbridge.ir.serialize import register
-from xbridge.program_file import load_program
-
-
-@register
-@dataclasses.dataclass(frozen=True)
-class HalfBatchFirst(xb.data.Digits):
-    def batch(self, step, seed):
-        full = super().batch(step, seed)
-        return full if step >= 3 else {k: v[: self.batch_size // 2] for k, v in full.items()}
-
-
-program = load_program(MLP).replace(data=HalfBatchFirst(batch_size=64))
-"""
-
-
 @pytest.mark.parametrize("mode", ["lazy", "openxla"])
 def test_recompile_after_warmup_is_counted_with_its_cause(tmp_path, mode):
     """A new batch shape after warm-up: counted, and summarised from torch_xla's compilation analysis (and
     Dynamo's guard failure in openxla mode), one line per cause with its count. Checkpoints are not recompiles."""
-    fixture = tmp_path / "half_batch_first.py"
-    fixture.write_text(HALF_BATCH_FIRST.replace("MLP", repr(str(PROGRAMS / "mlp.py"))))
+    fixture = ROOT / "tests" / "fixtures" / "half_batch_first.py"
     # checkpoints after warm-up copy sharded arrays to the host, which compiles programs of its own: not counted
     proc = run_cli("run", str(fixture), "--backend", "xla-cpu", "--steps", "5", "--devices", "4", "--mesh",
                    "data=-1,model=2", "--xla-mode", mode, "--format", "json", "--checkpoint-every", "2",

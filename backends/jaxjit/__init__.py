@@ -56,13 +56,15 @@ class JaxBackend(Backend):
         return len(jax.devices(device))
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
-        """Ask for ``devices`` virtual CPU devices before JAX initialises its backends (per process)."""
+        """Ask for ``devices`` virtual CPU devices before JAX initialises its backends (per process); never fewer
+        than this process already asked for (XLA_FLAGS, or an earlier ``jax_num_cpu_devices``)."""
         if device != "cpu":
             return
         import jax
 
+        asked = int(jax.config.jax_num_cpu_devices)  # type: ignore[attr-defined]  # (-1: not set)
         try:
-            jax.config.update("jax_num_cpu_devices", max(devices, _requested_cpu_devices()))
+            jax.config.update("jax_num_cpu_devices", max(devices, _requested_cpu_devices(), asked))
         except RuntimeError:  # already initialised in this process: use what it has
             have = len(jax.devices("cpu"))
             if have < devices:

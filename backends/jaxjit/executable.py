@@ -107,7 +107,8 @@ class JaxExecutable(Executable):
                   for n in self.lowered.param_names}
         buffers = {n: jax.device_put(to_jax_dtype(b.detach().numpy(), float_dtype), self.replicated)
                    for n, b in self.lowered.module.buffers.items()}
-        opt = self.tx.init(params)
+        self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
+        opt = self.tx.init({n: params[n] for n in self.trained})
         state = {"params": params, "opt": opt, "buffers": buffers, "step": jnp.int32(0)}
         if self.scaling:
             state["scaler"] = optimizers.scaler_init()
@@ -119,6 +120,21 @@ class JaxExecutable(Executable):
         self.batch_sharding = NamedSharding(self.mesh, batch_spec)
         self.batch_spec = batch_spec
         self.jitted = self._build()
+
+    def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
+                              float_dtype: Any) -> list[str]:
+        """The parameters the loss reads (in the traced loss of one micro-batch). torch gives a parameter the loss
+        never reaches no gradient (``grad is None``), and torch.optim then skips it: no update, no weight decay,
+        no state. JAX would give it a zero gradient and decay it; the optimizer here sees only these."""
+        accum = self.program.step.grad_accum
+        batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
+                 for k, v in self.program.data.batch(0, self.program.seed).items()}
+        with matmul_precision(self.program.precision.compute):
+            closed = jax.make_jaxpr(lambda p: self.lowered(p, buffers, batch))(params)
+        read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars) if id(var) in read}
+        return [n for n in self.lowered.param_names if n in used]
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
@@ -184,8 +200,9 @@ class JaxExecutable(Executable):
             coef = jnp.minimum(clip / (jnp.sqrt(sq) + 1e-6), 1.0)
             grads = jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads)
         lr = optimizers.learning_rate(spec, state["step"])
-        direction, opt = self.tx.update(grads, state["opt"], params)
-        updated = optax.apply_updates(params, jax.tree.map(lambda u: -lr * u, direction))
+        trained = {n: params[n] for n in self.trained}     # as torch.optim: a parameter without gradient is skipped
+        direction, opt = self.tx.update({n: grads[n] for n in self.trained}, state["opt"], trained)
+        updated = {**params, **optax.apply_updates(trained, jax.tree.map(lambda u: -lr * u, direction))}
         if self.scaling:
             new["params"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), updated, params)
             new["opt"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), opt, state["opt"])
@@ -274,10 +291,12 @@ class JaxExecutable(Executable):
         return out
 
     def _eager_names(self) -> dict[str, str]:
-        """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters)."""
+        """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters); only
+        the parameters the optimizer updates (torch.optim keeps no state for the others)."""
         out: dict[str, str] = {}
         for eager, canonical in self.lowered.canonical.items():
-            out.setdefault(canonical, eager)
+            if canonical in self.trained:
+                out.setdefault(canonical, eager)
         return out
 
     def training_state(self) -> dict[str, np.ndarray]:
@@ -305,7 +324,7 @@ class JaxExecutable(Executable):
             return []
         bad = np.asarray(jax.device_get(self._bad_grads))
         names = self._eager_names()
-        flagged = {names[n] for n, count in zip(self.lowered.param_names, bad) if count > 0}
+        flagged = {names[n] for n, count in zip(self.lowered.param_names, bad) if count > 0 and n in names}
         return [n for n in self.names if n in flagged]
 
     def param_shardings(self) -> dict[str, jax.sharding.Sharding]:

@@ -1,0 +1,72 @@
+"""The parity checks themselves, fed failing cases: each must fail, naming the step or the parameter, and the
+tolerance numbers the code uses are the ones docs/parity.md publishes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+from xbridge.parity import policy
+from xbridge.parity.divergence import first_divergence
+
+
+def test_docs_table_is_the_policy():
+    text = (ROOT / "docs" / "parity.md").read_text()
+    table = text[text.index("## Bounds"):].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = (float(cells[1]), float(cells[2]))
+    assert rows == {name: (tol.loss_rtol, tol.param_rtol) for name, tol in policy.POLICY.items()}
+
+
+@pytest.mark.parametrize("precision", list(policy.POLICY))
+def test_loss_deviation_fails_past_the_bound_and_names_the_step(precision):
+    tol = policy.tolerance(precision)
+    ref = [2.5, 2.4, 2.3, 2.2]
+    inside = [v * (1 + 0.5 * tol.loss_rtol) for v in ref]
+    assert policy.loss_deviation(ref, inside, tol).ok
+    outside = list(ref)
+    outside[2] = ref[2] * (1 + 2 * tol.loss_rtol)
+    dev = policy.loss_deviation(ref, outside, tol)
+    assert not dev.ok and dev.where == "step 2" and dev.value == pytest.approx(2 * tol.loss_rtol)
+    assert not policy.loss_deviation(ref, [*ref[:3], float("nan")], tol).ok        # a NaN loss never passes
+    assert not policy.loss_deviation(ref, ref[:3], tol).ok                          # nor a run that stopped early
+
+
+@pytest.mark.parametrize("precision", list(policy.POLICY))
+def test_param_deviation_fails_on_one_deviating_tensor_and_names_it(precision):
+    tol = policy.tolerance(precision)
+    rng = np.random.default_rng(0)
+    ref = {"a.weight": rng.normal(0, 0.1, (16, 8)).astype(np.float32),
+           "b.bias": rng.normal(0, 0.1, 8).astype(np.float32), "steps": np.asarray(3)}
+    same = {k: v.copy() for k, v in ref.items()}
+    assert policy.param_deviation(ref, same, tol).ok and policy.param_deviation(ref, same, tol).value == 0.0
+    bad = {k: v.copy() for k, v in ref.items()}
+    bad["b.bias"] = bad["b.bias"] + 3 * tol.param_rtol * np.sqrt(np.mean(ref["b.bias"] ** 2))
+    dev = policy.param_deviation(ref, bad, tol)
+    assert not dev.ok and dev.where == "b.bias" and dev.value == pytest.approx(3 * tol.param_rtol, rel=1e-3)
+    small = {k: v.copy() for k, v in ref.items()}
+    small["a.weight"] = small["a.weight"] * (1 + 0.5 * tol.param_rtol)
+    assert policy.param_deviation(ref, small, tol).ok
+    nan = {k: v.copy() for k, v in ref.items()}
+    nan["a.weight"][0, 0] = np.nan
+    assert not policy.param_deviation(ref, nan, tol).ok
+    assert not policy.param_deviation(ref, {k: v for k, v in ref.items() if k != "b.bias"}, tol).ok
+    assert not policy.param_deviation(ref, {**ref, "b.bias": ref["b.bias"][:4]}, tol).ok
+
+
+def test_custom_precisions_take_their_lowest_dtype_bound():
+    assert policy.tolerance("params=float32,compute=bfloat16,output=float32") == policy.POLICY["bf16-mixed"]
+    assert policy.tolerance("params=bfloat16,compute=bfloat16,output=float32") == policy.POLICY["bf16-true"]
+    assert policy.tolerance("params=float32,compute=float16,output=float32") == policy.POLICY["fp16-mixed"]
+
+
+def test_first_divergence_names_the_first_deviating_module_in_reference_order():
+    ref = {"fc1": np.ones(4), "drop": np.ones(4), "fc2": np.ones(4)}
+    assert first_divergence(ref, {k: v.copy() for k, v in ref.items()}, 1e-5) is None
+    got = {"fc1": np.ones(4), "drop": np.ones(4) * 1.1, "fc2": np.ones(4) * 2}
+    name, value = first_divergence(ref, got, 1e-5)
+    assert name == "drop" and value == pytest.approx(0.1)
+    assert first_divergence(ref, {"fc1": np.ones(4)}, 1e-5) == ("drop", float("inf"))
