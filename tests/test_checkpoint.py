@@ -65,7 +65,7 @@ def test_format_is_safetensors_and_a_manifest(tmp_path, mlp_program):
 @pytest.mark.parametrize("target,which,devices,precision", [
     ("eager-cpu", "mlp", 1, "fp32"), ("eager-cpu", "gpt", 1, "fp32"), ("jax-cpu", "gpt", 4, "fp32"),
     ("eager-cpu", "gpt", 1, "bf16-true"), ("jax-cpu", "mlp", 1, "fp16-mixed"), ("inductor-cpu", "mlp", 1, "fp32"),
-    ("inductor-cpu", "gpt", 1, "fp16-mixed")])
+    ("inductor-cpu", "mlp", 1, "fp16-mixed"), ("inductor-cpu", "gpt", 1, "bf16-true")])
 def test_resume_is_bit_exact_on_the_same_backend(tmp_path, target, which, devices, precision, mlp_program, tiny_gpt):
     """bf16 parameters and Adam state go through float32 in the file and back; fp16 carries the loss scale."""
     program = {"mlp": mlp_program, "gpt": tiny_gpt}[which].replace(precision=precision)
@@ -215,8 +215,8 @@ def test_nan_loss_names_the_step_and_gradient_and_keeps_the_last_good_checkpoint
 @pytest.mark.parametrize("target", ["jax-cpu", "inductor-cpu", "xla-cpu"])
 def test_nan_loss_names_the_gradient_on_a_compiled_backend(target):
     proc = run_cli("run", DIVERGES, "--steps", "20", "--backend", target)
-    assert proc.returncode == 1
-    line = one_error_line(proc)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]   # torch's warnings above
     assert "first non-finite gradient: 'fc1.weight'" in line and f"on {target}" in line, line
 
 

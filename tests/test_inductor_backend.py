@@ -73,6 +73,10 @@ def test_bad_compile_mode_and_unsupported_layouts(tmp_path):
     proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "inductor-cpu", "--compile-mode", "fastest")
     assert proc.returncode == 2
     assert "--compile-mode 'fastest' is not a choice of target inductor-cpu" in one_error_line(proc)
+    # fp16-mixed with AdamW on the CPU: refused before compiling, saying what to use instead
+    proc = run_cli("run", str(PROGRAMS / "gpt.py"), "--backend", "inductor-cpu", "--precision", "fp16-mixed")
+    assert proc.returncode == 2
+    assert "inductor-cpu cannot train AdamW in fp16-mixed" in one_error_line(proc)
     # refused before any worker starts: FSDP2 takes one data-parallel axis
     program_file = tmp_path / "two_batch_axes.py"
     program_file.write_text(

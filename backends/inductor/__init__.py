@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from xbridge.backend import BackendOption, Executable, Target
 from xbridge.cache import cache_dir
+from xbridge.errors import ConfigError
+from xbridge.ir.optim import AdamW
 
 from .._torch.device import TorchDeviceBackend
 
@@ -67,6 +69,14 @@ class InductorBackend(TorchDeviceBackend):
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         mode = options["compile_mode"]
+        fp16 = program.precision.loss_scale == "dynamic"
+        if target.device == "cpu" and fp16 and isinstance(program.optimizer, AdamW):
+            # GradScaler steps the optimizer outside the compiled graph, and AdamW keeps its step count and lr on
+            # the device (capturable, so a changing schedule does not recompile), which torch runs uncompiled only
+            # on CUDA: torch.optim asserts "If capturable=True, params and state_steps must be on supported devices"
+            raise ConfigError(f"{target} cannot train AdamW in fp16-mixed: torch.amp.GradScaler steps the optimizer "
+                              "outside the compiled graph, and torch runs a capturable AdamW there only on CUDA; use "
+                              "bf16-mixed on inductor-cpu, or fp16-mixed on eager-cpu, jax-cpu or xla-cpu")
         if plan.devices > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from .proxy import DistributedExecutable
 

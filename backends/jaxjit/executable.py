@@ -129,11 +129,16 @@ class JaxExecutable(Executable):
         accum = self.program.step.grad_accum
         batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
                  for k, v in self.program.data.batch(0, self.program.seed).items()}
-        with matmul_precision(self.program.precision.compute):
-            closed = jax.make_jaxpr(lambda p: self.lowered(p, buffers, batch))(params)
+        env = self.lowered.env
+        key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
+        try:
+            with matmul_precision(self.program.precision.compute):
+                closed = jax.make_jaxpr(lambda p, b: self.lowered(p, buffers, b))(params, batch)
+        finally:
+            env.param.prng = key
         read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
-        used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars) if id(var) in read}
+        used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
