@@ -11,7 +11,6 @@ import difflib
 import json
 import os
 import sys
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -110,20 +109,25 @@ class _WithBackendOptions(TyperCommand):
                 click.echo(f"   {line}")
 
 
-def _over_targets(job: Callable[..., dict[str, Any]], program_path: str, options: Any, out: Path,
-                  format: Format) -> dict[str, Any]:
-    """What compare and parity share: load the program with the options' overrides, check --out before any work,
-    run the job (``job(program_path, program, options, out, progress)``, named like its command) with a progress
-    display, print the record with ``tables.print_<command>``."""
+def _over_targets(command: str, program_path: str, out: Path, format: Format, **fields: Any) -> None:
+    """What compare and parity share: their options (``xbridge.<command>.job.<Command>Options`` from the command's
+    fields, targets from --backends), the program with the overrides, --out checked before any work, the job
+    (``xbridge.<command>.job.<command>``) with a progress display, the record printed with
+    ``tables.print_<command>``, and exit 1 when a target failed (compare) or did not pass (parity)."""
+    import importlib
+
     from . import tables
     from .progress import target_progress
 
+    job = importlib.import_module(f"xbridge.{command}.job")
+    options = getattr(job, f"{command.capitalize()}Options")(targets=_target_list(fields.pop("backends")), **fields)
     prog = _load(program_path, options.precision, mesh=options.mesh)
     check_writable(out, "--out")
-    with target_progress(enabled=format is Format.human, label=f"{job.__name__} {prog.name}") as tick:
-        record = job(program_path, prog, options, out, progress=tick)
-    _emit(record, format, getattr(tables, f"print_{job.__name__}"))
-    return record
+    with target_progress(enabled=format is Format.human, label=f"{command} {prog.name}") as tick:
+        record = getattr(job, command)(program_path, prog, options, out, progress=tick)
+    _emit(record, format, getattr(tables, f"print_{command}"))
+    if not record.get("passed", all(row["status"] == "ok" for row in record["targets"])):
+        raise typer.Exit(1)
 
 
 def _emit(record: Any, format: Format, human: Any) -> None:
@@ -218,13 +222,8 @@ def compare(
     format: Format = FORMAT,
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
-    from ..compare.job import CompareOptions, compare
-
-    options = CompareOptions(targets=_target_list(backends), steps=steps, warmup=warmup, devices=devices,
-                             precision=precision, mesh=mesh, timeout_s=timeout)
-    record = _over_targets(compare, program, options, out, format)
-    if any(row["status"] != "ok" for row in record["targets"]):
-        raise typer.Exit(1)
+    _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
+                  precision=precision, mesh=mesh, timeout_s=timeout)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
@@ -243,18 +242,13 @@ def parity(
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
     timeout: float = TIMEOUT,
+    format: Format = FORMAT,
     out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each "
                                                       "target's state."),
-    format: Format = FORMAT,
 ) -> None:
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
-    from ..parity.job import ParityOptions, parity
-
-    options = ParityOptions(targets=_target_list(backends), steps=steps, devices=devices, precision=precision,
-                            mesh=mesh, bisect=bisect, timeout_s=timeout)
-    record = _over_targets(parity, program, options, out, format)
-    if not record["passed"]:
-        raise typer.Exit(1)
+    _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
+                  precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")
