@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -45,11 +46,10 @@ def _count_duration(event: str, duration_secs: float, **kwargs: str | int) -> No
         _counts[_DURATIONS[event]] = _counts.get(_DURATIONS[event], 0.0) + duration_secs
 
 
+@functools.cache
 def _listen_once() -> None:
-    if "listening" not in _counts:
-        jax.monitoring.register_event_listener(_count_event)
-        jax.monitoring.register_event_duration_secs_listener(_count_duration)
-        _counts["listening"] = 1
+    jax.monitoring.register_event_listener(_count_event)
+    jax.monitoring.register_event_duration_secs_listener(_count_duration)
 
 
 def enable_compilation_cache() -> None:
@@ -366,7 +366,7 @@ class JaxExecutable(Executable):
         self.warm_traces = self.traces
 
     def compile_cache(self) -> CompileCache | None:
-        delta = {k: v - self._counts_start.get(k, 0) for k, v in _counts.items() if k != "listening"}
+        delta = {k: v - self._counts_start.get(k, 0) for k, v in _counts.items()}
         return CompileCache(int(delta.get("hits", 0)), int(delta.get("misses", 0)),
                             "JAX persistent compilation cache",
                             {name: round(delta[name], 3) for name in _DURATIONS.values() if delta.get(name)})
