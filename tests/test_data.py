@@ -28,7 +28,7 @@ def _rows(x):
 
 
 def test_digits_epochs_are_permutations():
-    from xbridge.ir.data import _digits
+    from xbridge.data.bundled import _digits
 
     all_x, all_y = _digits()
     spec = xb.data.Digits(batch_size=599)            # 3 steps = 1797 = one epoch exactly
@@ -44,7 +44,7 @@ def test_digits_epochs_are_permutations():
 
 
 def test_digits_batch_crossing_an_epoch_boundary():
-    from xbridge.ir.data import _digits
+    from xbridge.data.bundled import _digits
 
     spec = xb.data.Digits(batch_size=1000)
     b0, b1 = spec.batch(0, seed=0), spec.batch(1, seed=0)   # positions 1000..1999 span epochs 0 and 1

@@ -86,7 +86,7 @@ def test_warmup_cosine_values():
     (lambda: xb.StepOptions(grad_accum=0), "grad_accum must be a positive int"),
     (lambda: xb.StepOptions(clip_grad_norm=-1.0), "clip_grad_norm must be a number > 0"),
     (lambda: _program(optimizer="adam"), "optimizer must be xb.SGD(...) or xb.AdamW(...), got str"),
-    (lambda: _program(data=[1, 2]), "data must be an xb.data spec"),
+    (lambda: _program(data=[1, 2]), "has no batch(step, seed) method"),
     (lambda: _program(model=3), "model must be a function that builds the nn.Module"),
     (lambda: _program(seed=-1), "seed must be an int >= 0"),
     (lambda: _program(step=xb.StepOptions(grad_accum=3)), "batch_size 8 is not divisible by grad_accum 3"),
@@ -123,6 +123,7 @@ def _full_program():
                              batch=("data",), fsdp="data"),
         step=xb.StepOptions(grad_accum=2, clip_grad_norm=1.0),
         seed=7,
+        eval=xb.Eval(data=xb.data.ByteText.python_stdlib(seq_len=65, batch_size=4), every=10, batches=2),
     )
 
 
@@ -136,7 +137,7 @@ def test_json_round_trip_of_every_field():
     assert back.sharding.params[r"emb"] == (("data", "model"),)
     assert back.mesh.axes == (("data", -1), ("model", 2))
     assert set(program.config()) == {"kind", "name", "data", "optimizer", "precision", "mesh", "sharding", "step",
-                                     "seed"}
+                                     "seed", "eval"}
 
 
 def test_hash_changes_with_any_field_and_ignores_rule_order():

@@ -8,26 +8,27 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import data
 from .errors import BackendUnavailable, ConfigError, PlanError, ProgramError, RunError, TargetError, XBridgeError
 from .hints import shard
 from .ir import (
                      SGD,
                      AdamW,
                      Constant,
+                     Eval,
                      Mesh,
                      Precision,
                      Program,
                      Sharding,
                      StepOptions,
                      WarmupCosine,
-                     data,
                      parse_precision,
                      sharding,
 )
 from .planner import ParamPlan, ShardingPlan, plan
 
 __all__ = [
-    "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Mesh", "ParamPlan", "PlanError", "Precision",
+    "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Eval", "Mesh", "ParamPlan", "PlanError", "Precision",
     "Program", "ProgramError", "RunError", "SGD", "Sharding", "ShardingPlan", "StepOptions", "TargetError",
     "WarmupCosine", "XBridgeError", "data", "parse_precision", "plan", "shard", "sharding",
 ]

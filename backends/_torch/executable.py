@@ -3,17 +3,19 @@ train step on one device. A backend sets how the train step is built (eager: as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from xbridge import hints
+from xbridge.backend import on_host
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
 from .module_outputs import trace_torch
-from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, exact_fp32, to_numpy_state
+from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
 
 class TorchExecutable(TorchTrainState):
@@ -26,6 +28,10 @@ class TorchExecutable(TorchTrainState):
         """Hook: place the model before its train step is built (inductor's distributed engine applies the plan)."""
         return model
 
+    def compiler(self) -> Callable[[Callable], Callable] | None:
+        """Hook: how the loss and the update are compiled (None: run as they are; inductor: torch.compile)."""
+        return None
+
     def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         """Hook: the train step over ``model`` (inductor compiles it)."""
         return TrainStep(self.program, model, self.device)
@@ -33,12 +39,25 @@ class TorchExecutable(TorchTrainState):
     def init(self, weights: dict[str, np.ndarray]) -> None:
         self.model = self.prepare_model(build_model(self.program, weights, self.device))
         self.train_step = self.make_train_step(self.model)
+        compile = self.compiler()
+        self.eval_fn = compile(self.program.loss) if compile else self.program.loss
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return batch_to_torch(batch, self.device, self.program.precision)
+
+    def placed(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.put(batch) if on_host(batch) else batch
+
+    def step(self, batch: Any) -> dict[str, float]:
         lr = self.train_step.lr
         with hints.activate(self._hints):
-            loss = self.train_step(batch_to_torch(batch, self.device, self.program.precision))
+            loss = self.train_step(self.placed(batch))
         return {"loss": float(loss), "lr": lr}      # float() waits for the device
+
+    def evaluate(self, batch: Any) -> float:
+        with hints.activate(self._hints):
+            return float(eval_loss(self.eval_fn, self.model, self.placed(batch), self.program.precision,
+                                   self.device.type))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return to_numpy_state(self.model)

@@ -134,6 +134,25 @@ def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Every module in eval mode, then each back to the mode it had (a module the user froze in eval stays so)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def eval_loss(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: Precision,
+              device_type: str) -> torch.Tensor:
+    """The loss of one batch in eval mode, no gradient (``xb.Eval``), as float32."""
+    with eval_mode(model), torch.no_grad(), compute_context(precision, device_type):
+        return loss_fn(model, batch).float()
+
+
 def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
     """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over)."""
     dtype = torch_dtype(precision.params)

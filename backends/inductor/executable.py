@@ -6,6 +6,7 @@ train step and the plan applied to the model, so both count compilations the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,11 +52,14 @@ class InductorExecutable(TorchExecutable):
         self.warm_graphs = 0
         self._cache_start, self._seconds_start = cache_counts(), phase_seconds()
 
-    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
+    def compiler(self) -> Callable[[Callable], Callable]:
         mode = None if self.mode == "default" else self.mode
+        return lambda fn: torch.compile(fn, mode=mode)
+
+    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.
-        return self.train_step_class(self.program, model, self.device, on_device=True,
-                                     compile=lambda fn: torch.compile(fn, mode=mode), foreach=self.foreach)
+        return self.train_step_class(self.program, model, self.device, on_device=True, compile=self.compiler(),
+                                     foreach=self.foreach)
 
     def recompiles(self) -> int:
         return compiled_graphs() - self.warm_graphs

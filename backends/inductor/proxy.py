@@ -156,6 +156,9 @@ class DistributedExecutable(Executable):
                                f"{loss!r}")
         return metrics
 
+    def evaluate(self, batch: dict[str, np.ndarray]) -> float:
+        return self._call("evaluate", batch)[0]
+
     def state_dict(self) -> dict[str, np.ndarray]:
         return self._call("state_dict")[0]
 

@@ -22,7 +22,7 @@ from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
-from .._torch.train import TrainStep, batch_to_torch, exact_fp32, tensor_to_numpy
+from .._torch.train import TrainStep, batch_to_torch, eval_loss, exact_fp32, tensor_to_numpy
 from .executable import InductorExecutable
 from .placement import MeshRoles, apply_batch_axis, local_rows, tensor_parallel, to_plain
 
@@ -131,10 +131,21 @@ class RankEngine(InductorExecutable):
         lr = self.train_step.lr
         with hints.activate(self._hints):
             loss = self.train_step(batch_to_torch(local, self.device, self.program.precision))
+        return {"loss": self._batch_mean(loss), "lr": lr}
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> float:
+        local = local_rows(batch, self.batch_parts, self.batch_index, 1)
+        with hints.activate(self._hints):
+            loss = eval_loss(self.eval_fn, self.model, batch_to_torch(local, self.device, self.program.precision),
+                             self.program.precision, self.device.type)
+        return self._batch_mean(loss)
+
+    def _batch_mean(self, loss: torch.Tensor) -> float:
+        """The mean of the ranks' losses over the batch axis (the loss of the global batch)."""
         if self.batch_group is not None:
             dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.batch_group)
             loss = loss / self.batch_parts
-        return {"loss": float(loss), "lr": lr}
+        return float(loss)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Full arrays under the eager names (every DTensor gathered; tied names share one gather)."""

@@ -46,7 +46,8 @@ def main() -> None:
         from .rpc import serve
 
         source = load_program(f"{setup['file']}:{setup['attr']}")
-        program = Program.from_config(setup["config"], model=source.model, loss=source.loss)
+        program = Program.from_config(setup["config"], model=source.model, loss=source.loss, data=source.data,
+                                      eval=source.eval)
         if program.config_hash != setup["config_hash"]:
             raise RuntimeError(f"the program rebuilt from {setup['file']} has config {program.config_hash}, rank 0 "
                                f"has {setup['config_hash']}")

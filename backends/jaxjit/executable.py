@@ -17,14 +17,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xbridge import hints
-from xbridge.backend import CompileCache, Executable, Target
+from xbridge.backend import CompileCache, Executable, Target, on_host
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 
-from .._torch.train import build_model
+from .._torch.train import build_model, eval_mode
 from . import optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
@@ -84,6 +84,7 @@ class JaxExecutable(Executable):
         self.replicated = NamedSharding(self.mesh, P())
         self.traces = 0
         self.warm_traces = 0
+        self._eval: Any = None
         self.scaling = program.precision.loss_scale == "dynamic"
         self.tx = optimizers.direction(program.optimizer)
         self._bad_grads: jax.Array | None = None
@@ -271,12 +272,29 @@ class JaxExecutable(Executable):
 
     # ------------------------------------------------------------------ the contract
 
-    def _device_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """On the devices, split as the plan says (``jax.device_put`` returns at once; the copy is asynchronous)."""
         float_dtype = jnp.dtype(self.program.precision.params)
         return {k: jax.device_put(to_jax_dtype(v, float_dtype), self.batch_sharding) for k, v in batch.items()}
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        device_batch = self._device_batch(batch)
+    def _placed(self, batch: Any) -> dict[str, jax.Array]:
+        return self.put(batch) if on_host(batch) else batch
+
+    def evaluate(self, batch: Any) -> float:
+        """The loss in eval mode (traced once with every module's ``training`` off), jitted on its own."""
+        if self._eval is None:
+            model = self.lowered.module._model
+
+            def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
+                with eval_mode(model):
+                    return self.lowered(params, buffers, b)
+
+            self._eval = jax.jit(loss_in_eval_mode)
+        with matmul_precision(self.program.precision.compute):
+            return float(self._eval(self.state["params"], self.state["buffers"], self._placed(batch)))
+
+    def step(self, batch: Any) -> dict[str, float]:
+        device_batch = self._placed(batch)
         self._last_batch = device_batch
         with matmul_precision(self.program.precision.compute):
             self.state, metrics = self.jitted(self.state, device_batch)
@@ -344,7 +362,7 @@ class JaxExecutable(Executable):
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
-            self.lowered(self.state["params"], self.state["buffers"], self._device_batch(batch))
+            self.lowered(self.state["params"], self.state["buffers"], self.put(batch))
         return out
 
     def layout(self) -> dict[str, dict[str, Any]]:

@@ -26,13 +26,13 @@ import torch_xla.runtime as xr
 
 import xbridge
 from xbridge import hints
-from xbridge.backend import CompileCache, Target
+from xbridge.backend import CompileCache, Target, on_host
 from xbridge.cache import cache_dir
 from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
-from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, to_numpy_state
+from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
 
 _RUNTIME_READY = False
 
@@ -181,14 +181,25 @@ class XlaExecutable(TorchTrainState):
                                           name=f"xbridge-{self.program.name}")
         torch_xla.sync()
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         for value in tensors.values():
             xs.mark_sharding(value, self.mesh, self._spec(self.plan.batch, value.dim()))
+        return tensors
+
+    def step(self, batch: Any) -> dict[str, float]:
+        tensors = self.put(batch) if on_host(batch) else batch
         lr = self.train_step.lr
         with hints.activate(self._hint):
             loss = self.compiled(tensors)
         return {"loss": float(loss.item()), "lr": lr}   # .item() waits for the device
+
+    def evaluate(self, batch: Any) -> float:
+        """The loss in eval mode as lazy tensors (one XLA graph, compiled once), in either mode."""
+        tensors = self.put(batch) if on_host(batch) else batch
+        with hints.activate(self._lazy_hint):
+            loss = eval_loss(self.program.loss, self.model, tensors, self.program.precision, "xla")
+        return float(loss.item())
 
     def state_dict(self) -> dict[str, np.ndarray]:
         with self._host_export():

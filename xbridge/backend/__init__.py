@@ -78,6 +78,11 @@ class CompileCache:
                 "seconds": self.seconds}
 
 
+def on_host(batch: Any) -> bool:
+    """Whether ``batch`` is still the host's numpy arrays (not yet :meth:`Executable.put`)."""
+    return isinstance(batch, dict) and any(isinstance(v, np.ndarray) for v in batch.values())
+
+
 class Executable(ABC):
     """A program lowered for one target. Arrays cross the boundary as numpy, under the eager parameter names."""
 
@@ -86,8 +91,18 @@ class Executable(ABC):
         """Load the initial weights (float32 numpy, eager names) and create the optimizer state."""
 
     @abstractmethod
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """Run one optimizer step on the global batch; return metrics (at least ``loss``) once the device is done."""
+    def step(self, batch: Any) -> dict[str, float]:
+        """Run one optimizer step on the global batch (numpy, or what :meth:`put` made of it); return metrics (at
+        least ``loss``) once the device is done."""
+
+    def put(self, batch: dict[str, np.ndarray]) -> Any:
+        """The batch moved where :meth:`step` and :meth:`evaluate` read it (the device, sharded as planned). The run
+        loop calls it on its prefetch thread, one step ahead, so the transfer overlaps the running step."""
+        return batch
+
+    def evaluate(self, batch: Any) -> float:
+        """The loss of one batch with the model in eval mode, no gradient and no update (``xb.Eval``)."""
+        raise LoweringError(f"{type(self).__name__} cannot evaluate (the program's xb.Eval)")
 
     @abstractmethod
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.contract import check_source
 from ..errors import ConfigError
 from . import serialize
-from .data import ByteText, Digits
 from .mesh import Mesh
 from .optim import SGD, AdamW
 from .precision import Precision, parse_precision
@@ -35,6 +35,26 @@ class StepOptions:
 
 
 _CALLABLE = {"callable": True}
+_DATA = {"data": True}      # serialised by the data contract's describe()
+
+
+@serialize.register
+@dataclass(frozen=True)
+class Eval:
+    """``xb.Eval(data=..., every=K, batches=M)``: the mean loss over M batches of ``data`` (batches 0..M-1, the same
+    every time), in eval mode without gradients, every K steps (None: only at the end) and after the last step."""
+
+    data: Any = field(default=None, metadata=_DATA)
+    every: int | None = None
+    batches: int = 1
+
+    def __post_init__(self) -> None:
+        check_source(self.data, "Eval")
+        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
+                                       or self.every < 1):
+            raise ConfigError(f"Eval every must be a positive int or None, got {self.every!r}")
+        if isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 1:
+            raise ConfigError(f"Eval batches must be a positive int, got {self.batches!r}")
 
 
 @serialize.register
@@ -46,13 +66,14 @@ class Program:
     name: str
     model: Callable[[], Any] = field(metadata=_CALLABLE, compare=False)
     loss: Callable[[Any, dict], Any] = field(metadata=_CALLABLE, compare=False)
-    data: ByteText | Digits = None  # type: ignore[assignment]
+    data: Any = field(default=None, metadata=_DATA)
     optimizer: SGD | AdamW = None  # type: ignore[assignment]
     precision: Precision = "fp32"  # type: ignore[assignment]
     mesh: Mesh = field(default_factory=lambda: Mesh(data=-1))
     sharding: Sharding = field(default_factory=Sharding)
     step: StepOptions = field(default_factory=StepOptions)
     seed: int = 0
+    eval: Eval | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -62,9 +83,10 @@ class Program:
             if not callable(getattr(self, attr)):
                 raise ConfigError(f"Program {self.name!r}: {attr} must be {kind}, got "
                                   f"{type(getattr(self, attr)).__name__}")
-        if not isinstance(self.data, (ByteText, Digits)):
-            raise ConfigError(f"Program {self.name!r}: data must be an xb.data spec (ByteText, Digits), "
-                              f"got {type(self.data).__name__}")
+        check_source(self.data, f"Program {self.name!r}")
+        if self.eval is not None and not isinstance(self.eval, Eval):
+            raise ConfigError(f"Program {self.name!r}: eval must be xb.Eval(data=..., every=..., batches=...), got "
+                              f"{type(self.eval).__name__}")
         if not isinstance(self.optimizer, (SGD, AdamW)):
             raise ConfigError(f"Program {self.name!r}: optimizer must be xb.SGD(...) or xb.AdamW(...), "
                               f"got {type(self.optimizer).__name__}")
@@ -100,8 +122,11 @@ class Program:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(cls, data: dict[str, Any], model: Callable, loss: Callable) -> Program:
-        program = serialize.from_config(data, model=model, loss=loss)
+    def from_config(cls, config: dict[str, Any], model: Callable, loss: Callable, **sources: Any) -> Program:
+        """Rebuild from :meth:`config`; ``sources`` (``data=``, ``eval=``) replace fields whose data sources the
+        config only describes (a user's object, arrays in memory)."""
+        fields = {k: v for k, v in config.items() if k not in sources}
+        program = serialize.from_config(fields, model=model, loss=loss, **sources)
         if not isinstance(program, cls):
-            raise ConfigError(f"config describes a {data.get('kind')!r}, not a Program")
+            raise ConfigError(f"config describes a {config.get('kind')!r}, not a Program")
         return program

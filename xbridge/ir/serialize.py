@@ -29,7 +29,13 @@ def to_config(obj: Any) -> Any:
         for f in dataclasses.fields(obj):
             if f.metadata.get("callable"):
                 continue
-            out[f.name] = to_config(getattr(obj, f.name))
+            value = getattr(obj, f.name)
+            if f.metadata.get("data") and value is not None:
+                from ..data.contract import describe
+
+                out[f.name] = describe(value)
+                continue
+            out[f.name] = to_config(value)
         return out
     if isinstance(obj, (list, tuple)):
         return [to_config(v) for v in obj]
@@ -45,6 +51,9 @@ def from_config(data: Any, **callables: Any) -> Any:
     if isinstance(data, dict) and "kind" in data:
         kind = data["kind"]
         cls = _KINDS.get(kind)
+        if kind in ("described", "opaque"):
+            raise ConfigError(f"data {data.get('class')!r} is described in the config, not rebuilt from it; pass the "
+                              "source itself")
         if cls is None:
             raise ConfigError(f"unknown IR kind {kind!r} in config (known: {', '.join(sorted(_KINDS))})")
         fields = {k: from_config(v) for k, v in data.items() if k != "kind"}

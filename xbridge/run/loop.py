@@ -25,12 +25,15 @@ import numpy as np
 
 from .. import __version__
 from ..backend import Backend, Executable, Target, registry
+from ..data.contract import BatchCheck, describe, reproducible, tokens_per_example
 from ..errors import BackendUnavailable, ConfigError, Interrupted, RunError
 from ..files import write_npz
 from ..ir.program import Program
 from ..planner import ShardingPlan
 from ..planner import plan as make_plan
 from . import checkpoint
+from .evaluation import Evaluator
+from .feed import Feed
 from .record import RunRecord, RunSummary, StepRecord
 
 Progress = Callable[[int, StepRecord], None]
@@ -50,6 +53,7 @@ class RunOptions:
     keep: int = 3                          # newest checkpoints kept in checkpoint_dir
     resume: Path | None = None             # a checkpoint, or a directory whose newest checkpoint is resumed
     allow_config_change: bool = False      # resume a checkpoint written by another program config
+    prefetch: bool = True                  # read and place the next batch while the current step runs
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -81,7 +85,7 @@ def summarize(program: Program, records: list[StepRecord], warmup: int) -> RunSu
         compile_s=records[0].time_s, warmup_steps=warmup, timed_steps=int(timed.size),
         step_time_median_s=median, step_time_p10_s=float(np.percentile(timed, 10)),
         step_time_p90_s=float(np.percentile(timed, 90)), samples_per_s=batch / median,
-        tokens_per_s=batch * program.data.tokens_per_example / median,
+        tokens_per_s=batch * tokens_per_example(program.data) / median,
         first_loss=records[0].loss, final_loss=records[-1].loss)
 
 
@@ -151,28 +155,34 @@ def deferred_interrupt(enabled: bool) -> Any:
 
 def train(program: Program, prepared: Prepared, steps: int, warmup: int, progress: Progress | None = None,
           start: int = 0, after_step: Callable[[int], None] | None = None,
-          last_good: Callable[[], Path | None] = lambda: None) -> list[StepRecord]:
-    """Run steps ``start..steps-1`` on the batches of the program's data spec; time each one. Warm-up ends
-    ``warmup`` steps after ``start``. ``after_step(done)`` runs after each step (done = completed steps)."""
+          last_good: Callable[[], Path | None] = lambda: None, prefetch: bool = True) -> list[StepRecord]:
+    """Run steps ``start..steps-1`` on the batches of the program's data source; time each one (the wait for a
+    batch not yet ready included, as ``data_wait_s``). Warm-up ends ``warmup`` steps after ``start``.
+    ``after_step(done)`` runs after each step (done = completed steps)."""
     executable = prepared.executable
     records: list[StepRecord] = []
-    for step in range(start, steps):
-        batch = program.data.batch(step, program.seed)
-        if step - start == warmup:
-            executable.mark_warm()
-        start_time = time.perf_counter()
-        metrics = executable.step(batch)
-        elapsed = time.perf_counter() - start_time
-        loss = float(metrics["loss"])
-        record = StepRecord(step, loss, elapsed, {k: float(v) for k, v in metrics.items() if k != "loss"})
-        if not math.isfinite(loss):
-            raise RunError(nonfinite_message(prepared, loss, step, last_good()))
-        records.append(record)
-        if progress is not None:
-            progress(step, record)
-        if after_step is not None:
-            after_step(step + 1)
+    with Feed(program.data, program.seed, executable, steps, prefetch) as feed:
+        for step in range(start, steps):
+            if step - start == warmup:
+                executable.mark_warm()
+            record = _one_step(executable, feed, step)
+            if not math.isfinite(record.loss):
+                raise RunError(nonfinite_message(prepared, record.loss, step, last_good()))
+            records.append(record)
+            if progress is not None:
+                progress(step, record)
+            if after_step is not None:
+                after_step(step + 1)
     return records
+
+
+def _one_step(executable: Executable, feed: Feed, step: int) -> StepRecord:
+    start_time = time.perf_counter()
+    batch, waited = feed.get(step)
+    metrics = executable.step(batch)
+    elapsed = time.perf_counter() - start_time
+    extra = {k: float(v) for k, v in metrics.items() if k != "loss"}
+    return StepRecord(step, float(metrics["loss"]), elapsed, {**extra, "data_wait_s": waited})
 
 
 def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
@@ -206,7 +216,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     if resumed is not None:
         executable.load_training_state(resumed.train)
     if options.trace_out is not None:
-        write_npz(options.trace_out, executable.trace_modules(program.data.batch(start, program.seed)))
+        write_npz(options.trace_out, executable.trace_modules(
+            BatchCheck(program.data, program.data.batch_size)(program.data.batch(start, program.seed), start)))
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
     assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)
@@ -217,8 +228,14 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
         saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
 
+    evaluator = Evaluator(program.eval, program.seed, executable, options.steps) if program.eval else None
+    if evaluator is not None:
+        evaluator(start)        # the weights we start from; also compiles the eval step before warm-up ends
+
     with deferred_interrupt(writer is not None) as interrupt:
         def after_step(done: int) -> None:
+            if evaluator is not None and evaluator.due(done):
+                evaluator(done)
             if writer is None:
                 return
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
@@ -229,7 +246,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
                                   f"written (continue with --resume {options.checkpoint_dir})")
 
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
-                        lambda: writer.last if writer else None)
+                        lambda: writer.last if writer else None, options.prefetch)
     summary = summarize(program, records, warmup)
     summary.recompiles_after_warmup = executable.recompiles() if warmup else None
     if summary.recompiles_after_warmup:
@@ -248,4 +265,13 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         device_kind=executable.device_kind() or target.device, device_peak_bytes=executable.device_peak_bytes(),
         peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
         layout=executable.layout(),
-        compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None)
+        compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
+        data=data_info(program), evals=evaluator.records if evaluator else [])
+
+
+def data_info(program: Program) -> dict[str, Any]:
+    """The run record's ``data``: each source's description, and whether the config alone identifies the data."""
+    sources = {"train": describe(program.data)}
+    if program.eval is not None:
+        sources["eval"] = describe(program.eval.data)
+    return {**sources, "reproducible": all(reproducible(d) for d in sources.values())}

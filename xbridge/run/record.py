@@ -28,6 +28,22 @@ class StepRecord:
 
 
 @dataclass
+class EvalRecord:
+    step: int                   # completed training steps when it ran (0: the initial weights)
+    loss: float                 # mean over the eval batches
+    perplexity: float | None    # exp(loss), for token data
+    batches: int
+    time_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EvalRecord:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass
 class RunSummary:
     compile_s: float                 # the first step: tracing, compilation and one step
     warmup_steps: int
@@ -80,6 +96,8 @@ class RunRecord:
     peak_host_rss_bytes: int
     layout: dict[str, dict[str, Any]]
     compile_cache: dict[str, Any] | None = None   # CompileCache.to_json(): hits, misses, state, caches, seconds
+    data: dict[str, Any] = field(default_factory=dict)    # the source's description and whether it is reproducible
+    evals: list[EvalRecord] = field(default_factory=list)
     written: str | None = None        # where run.json went (--out)
     record_version: int = RECORD_VERSION
 
@@ -87,10 +105,15 @@ class RunRecord:
     def losses(self) -> list[float]:
         return [s.loss for s in self.steps]
 
+    @property
+    def final_eval(self) -> EvalRecord | None:
+        return self.evals[-1] if self.evals else None
+
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["steps"] = [s.to_json() for s in self.steps]
         data["summary"] = self.summary.to_json()
+        data["evals"] = [e.to_json() for e in self.evals]
         if self.written is None:
             del data["written"]
         return data
@@ -100,4 +123,5 @@ class RunRecord:
         values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         values["steps"] = [StepRecord.from_json(s) for s in data["steps"]]
         values["summary"] = RunSummary.from_json(data["summary"])
+        values["evals"] = [EvalRecord.from_json(e) for e in data.get("evals", [])]
         return cls(**values)

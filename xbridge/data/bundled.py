@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .serialize import register
+from ..ir.serialize import register
 
 
 def _rng(seed: int, step: int, stream: int) -> np.random.Generator:

@@ -1,0 +1,163 @@
+"""The data contract: what any object must do to feed a program, and what the IR records about it.
+
+A data source is any object with
+
+- ``batch_size``: an int >= 1, the global batch;
+- ``batch(step, seed)``: the global batch of that step as a dict of numpy arrays (dimension 0 is the example),
+  computed from (seed, step) alone, so every backend, every process and every resume sees the same batches.
+
+Optional:
+
+- ``rows(step, seed, index)``: only the examples ``index`` of that batch (a process reads only its share);
+- ``tokens_per_example``: for tokens/s (default 1);
+- ``describe()``: a JSON-ready dict that identifies the data (paths, sizes, fingerprints); the config hash and the
+  checkpoint manifest keep it;
+- ``variable_shapes = True``: the arrays' shapes may change between steps (each new shape compiles again).
+
+An object the IR cannot describe still runs; the run record then says that its data is not reproducible from the
+config alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+class DataError(ConfigError):
+    """A data source gave a batch the program cannot use (missing key, changed shape, non-array value...)."""
+
+
+def source_name(source: Any) -> str:
+    return type(source).__qualname__
+
+
+def check_source(source: Any, owner: str) -> None:
+    """Refuse, in one line, an object that cannot be a data source."""
+    if source is None:
+        raise ConfigError(f"{owner}: data is missing; give a data source, e.g. xb.data.TokenFile(...) or any object "
+                          "with batch_size and batch(step, seed)")
+    batch = getattr(source, "batch", None)
+    if not callable(batch):
+        raise ConfigError(f"{owner}: data {source_name(source)} has no batch(step, seed) method (a data source "
+                          "gives the global batch of a step as a dict of numpy arrays)")
+    size = getattr(source, "batch_size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"{owner}: data {source_name(source)} batch_size must be a positive int, got {size!r}")
+
+
+def _json_ready(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def describe(source: Any) -> dict[str, Any]:
+    """The JSON form of a source in the program config: a registered IR type's fields; else the source's own
+    ``describe()``; else a dataclass's fields; else only its class and batch size (``reproducible: false``)."""
+    from ..ir import serialize
+
+    if type(source).__name__ in serialize._KINDS and dataclasses.is_dataclass(source):
+        return serialize.to_config(source)
+    own = getattr(source, "describe", None)
+    if callable(own):
+        info = own()
+        if not isinstance(info, dict) or not _json_ready(info):
+            raise ConfigError(f"data {source_name(source)}.describe() must return a JSON-ready dict, got "
+                              f"{type(info).__name__}")
+        return {"kind": "described", "class": source_name(source), "batch_size": source.batch_size, **info}
+    if dataclasses.is_dataclass(source):
+        fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
+        if _json_ready(fields):
+            return {"kind": "described", "class": source_name(source), "fields": fields}
+    return {"kind": "opaque", "class": source_name(source), "batch_size": source.batch_size, "reproducible": False}
+
+
+def reproducible(description: dict[str, Any]) -> bool:
+    """Whether the config alone identifies the data (a described source can still say ``reproducible: false``)."""
+    return description.get("reproducible", True) is not False
+
+
+def tokens_per_example(source: Any) -> int:
+    return int(getattr(source, "tokens_per_example", 1))
+
+
+def rows(source: Any, step: int, seed: int, index: np.ndarray) -> dict[str, Any]:
+    """Examples ``index`` of step ``step``'s batch: the source's own ``rows`` when it has one (it reads only those),
+    else the whole batch, sliced."""
+    own = getattr(source, "rows", None)
+    if callable(own):
+        return own(step, seed, index)
+    batch = source.batch(step, seed)
+    return {k: v[index] for k, v in batch.items()} if isinstance(batch, Mapping) else batch
+
+
+@dataclasses.dataclass
+class BatchCheck:
+    """Checks every batch against the first one: same keys, dtypes and shapes, numeric arrays whose dimension 0 is
+    the batch size. Each problem is one line naming the source, the step and the key."""
+
+    source: Any
+    expected_rows: int | None = None        # the batch size (or a process's share); None: not checked
+    signature: dict[str, tuple[str, tuple[int, ...]]] | None = None
+    first_step: int = 0
+    label: str = "step"          # what the index counts: "step" (training) or "eval batch"
+
+    def __call__(self, batch: Any, step: int) -> dict[str, np.ndarray]:
+        name = source_name(self.source)
+        where = f"data {name}, {self.label} {step}"
+        if not isinstance(batch, Mapping):
+            raise DataError(f"{where}: batch() returned {type(batch).__name__}, not a dict of arrays")
+        out: dict[str, np.ndarray] = {}
+        for key, value in batch.items():
+            if not isinstance(key, str):
+                raise DataError(f"{where}: batch key {key!r} is not a string")
+            out[key] = self._array(value, where, key)
+        variable = getattr(self.source, "variable_shapes", False) is True
+        signature = {k: (str(v.dtype), tuple(v.shape)) for k, v in out.items()}
+        if self.signature is None:
+            if not out:
+                raise DataError(f"{where}: batch() returned an empty dict")
+            self.signature, self.first_step = signature, step
+        else:
+            missing = sorted(set(self.signature) - set(signature))
+            extra = sorted(set(signature) - set(self.signature))
+            if missing:
+                raise DataError(f"{where}: batch key {missing[0]!r} is missing ({self.label} {self.first_step} had "
+                                "it)")
+            if extra:
+                raise DataError(f"{where}: batch key {extra[0]!r} is new ({self.label} {self.first_step} had keys "
+                                f"{sorted(self.signature)})")
+            for key, (dtype, shape) in signature.items():
+                was_dtype, was_shape = self.signature[key]
+                if dtype != was_dtype:
+                    raise DataError(f"{where}: key {key!r} is {dtype}, it was {was_dtype} at {self.label} "
+                                    f"{self.first_step}")
+                if shape != was_shape and not variable:
+                    raise DataError(f"{where}: key {key!r} has shape {list(shape)}, it was {list(was_shape)} at "
+                                    f"{self.label} {self.first_step} (a source whose shapes change sets "
+                                    "variable_shapes = True)")
+        if self.expected_rows is not None and not variable:
+            for key, value in out.items():
+                if value.ndim == 0 or value.shape[0] != self.expected_rows:
+                    raise DataError(f"{where}: key {key!r} has shape {list(value.shape)}; dimension 0 must be the "
+                                    f"{self.expected_rows} examples of the batch")
+        return out
+
+    @staticmethod
+    def _array(value: Any, where: str, key: str) -> np.ndarray:
+        if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+            value = value.detach().cpu().numpy()           # a torch tensor from a collate function
+        if not isinstance(value, np.ndarray):
+            raise DataError(f"{where}: key {key!r} is a {type(value).__name__}, not a numpy array")
+        if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+            raise DataError(f"{where}: key {key!r} has dtype {value.dtype}; arrays must be numeric")
+        return value
