@@ -44,6 +44,13 @@ def print_run(result: RunRecord) -> None:
         ("loss first -> final", f"{s.first_loss:.4f} -> {s.final_loss:.4f}"),
         ("recompiles after warm-up", str(s.recompiles_after_warmup)),
     ]
+    if result.evals:
+        first, last = result.evals[0], result.evals[-1]
+        ppl = f" (perplexity {last.perplexity:.2f})" if last.perplexity is not None else ""
+        rows.append((f"eval loss step {first.step} -> {last.step} ({last.batches} batches)",
+                     f"{first.loss:.4f} -> {last.loss:.4f}{ppl}"))
+    if result.data and not result.data.get("reproducible", True):
+        rows.append(("data", "not reproducible from the config alone"))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
@@ -90,8 +97,11 @@ def print_compare(record: dict[str, Any]) -> None:
     table = Table(title=f"{escape(record['program'])}: {record['precision']}, {record['options']['steps']} steps "
                         f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
                         f"config {record['config_hash']}")
-    columns = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s", "TFLOP/s", "MFU",
-               "peak RSS", "recompiles", "final loss", "max loss dev")
+    columns: tuple[str, ...] = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s",
+                                "TFLOP/s", "MFU", "peak RSS", "recompiles", "final loss", "max loss dev")
+    evaluates = any(row.get("metrics", {}).get("eval_loss") is not None for row in record["targets"])
+    if evaluates:
+        columns = (*columns, "eval loss")
     for col in columns:   # a target variant (xla-cpu:xla-mode=openxla) wraps rather than being cut short
         table.add_column(col, justify="left" if col in ("target", "status") else "right",
                          overflow="fold" if col == "target" else "ellipsis")
@@ -108,7 +118,8 @@ def print_compare(record: dict[str, Any]) -> None:
                       f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
                       f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
                       f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
-                      f"{m['final_loss']:.4f}", dev_text)
+                      f"{m['final_loss']:.4f}", dev_text,
+                      *([f"{m['eval_loss']:.4f}" if m.get("eval_loss") is not None else "-"] if evaluates else []))
     console.print(table)
     peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}
     for source in sorted(peaks):
@@ -123,6 +134,9 @@ def print_parity(record: dict[str, Any]) -> None:
                         f"{record['devices']} device(s)) against eager-cpu; limits: loss {tol['loss_rtol']:g}, "
                         f"params {tol['param_rtol']:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
+    evals = any("max_eval_loss_dev" in r for r in record["targets"])
+    if evals:
+        columns.append("max eval loss dev")
     bisect = any("first_divergent_module" in r for r in record["targets"])
     fp32 = any("fp32_max_loss_dev" in r for r in record["targets"])
     if fp32:
@@ -139,6 +153,9 @@ def print_parity(record: dict[str, Any]) -> None:
                  f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})",
                  "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
                  f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"]
+        if evals:
+            cells.append(f"{r['max_eval_loss_dev']:.2e} ({r['max_eval_loss_dev_at']})" if "max_eval_loss_dev" in r
+                         else "-")
         if fp32:
             cells.append(f"{r.get('fp32_max_loss_dev', float('nan')):.2e}")
         if bisect:

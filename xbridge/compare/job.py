@@ -62,6 +62,7 @@ class TargetMetrics:
     max_loss_dev_at: str | None = None     # e.g. "step 3"
     loss_parity: bool | None = None
     final_loss_dev: float | None = None
+    eval_loss: float | None = None         # the last xb.Eval loss, when the program evaluates
 
 
 def _peak_for(run: TargetRun, dtype: str, cpu_peaks: dict[str, Peak]) -> tuple[Peak, int]:
@@ -98,7 +99,8 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int) -> dict[str,
             mfu=achieved / (peak.flops * devices), peak_source=peak.source,
             peak_host_rss_mib=result.peak_host_rss_bytes / 2 ** 20,
             device_peak_mib=result.device_peak_bytes / 2 ** 20 if result.device_peak_bytes else None,
-            recompiles=s.recompiles_after_warmup, final_loss=s.final_loss)
+            recompiles=s.recompiles_after_warmup, final_loss=s.final_loss,
+            eval_loss=result.final_eval.loss if result.final_eval else None)
         if ref is not None:
             losses, ref_losses = result.losses, ref.losses
             dev = policy.loss_deviation(ref_losses, losses, tol)

@@ -51,6 +51,11 @@ class TargetOutcome:
         assert self.run.result is not None
         return self.run.result.losses
 
+    @property
+    def eval_losses(self) -> list[float]:
+        assert self.run.result is not None
+        return [e.loss for e in self.run.result.evals]
+
 
 def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weights_file: Path,
          precision: str | None, tag: str) -> TargetOutcome:
@@ -99,13 +104,17 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             params = policy.param_deviation(ref.state, row.state, tol)
             rel = np.abs(np.array(row.losses) - np.array(ref.losses)) / np.abs(np.array(ref.losses))
             failing = np.flatnonzero(~(rel <= tol.loss_rtol))
+            evals = policy.loss_deviation(ref.eval_losses, row.eval_losses, tol) if ref.eval_losses else None
             entry |= {
-                "verdict": "pass" if loss.ok and params.ok else "FAIL",
+                "verdict": "pass" if loss.ok and params.ok and (evals is None or evals.ok) else "FAIL",
                 "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": tol.loss_rtol,
                 "first_failing_step": int(failing[0]) if failing.size else None,
                 "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": tol.param_rtol,
                 "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
             }
+            if evals is not None:    # the eval losses, under the same limit (index i: the i-th evaluation)
+                entry |= {"max_eval_loss_dev": evals.value, "max_eval_loss_dev_at": evals.where.replace("step", "eval"),
+                          "eval_losses": row.eval_losses}
             if fp32 is not None and fp32.run.result is not None:
                 entry["fp32_max_loss_dev"] = policy.loss_deviation(fp32.losses, row.losses, tol).value
             if options.bisect and ref.trace is not None and row.trace is not None:
@@ -118,7 +127,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
         "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
         "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
-        "reference": {"target": REFERENCE, "losses": ref.losses},
+        "reference": {"target": REFERENCE, "losses": ref.losses, "eval_losses": ref.eval_losses},
         "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
                                                      "losses": fp32.losses if fp32.run.result else None},
         "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows),
