@@ -17,6 +17,11 @@ class ConfigError(XBridgeError, ValueError):
     """A field of the program IR (precision, optimizer, mesh, data, step options) is invalid."""
 
 
+class DataError(ConfigError):
+    """A data source gave a batch the program cannot use (missing key, changed shape, non-array value, a token id
+    outside the vocabulary, a file that changed). Names the source, the step and the key."""
+
+
 class ProgramError(XBridgeError):
     """A program file cannot be loaded or does not define a valid ``program``."""
 

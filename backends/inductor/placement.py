@@ -70,18 +70,21 @@ class MeshRoles:
         return init_device_mesh(device_type, tuple(self.shape.values()), mesh_dim_names=tuple(self.shape))
 
 
-def local_rows(batch: dict[str, np.ndarray], parts: int, index: int, accum: int) -> dict[str, np.ndarray]:
+def rank_rows(batch_size: int, parts: int, index: int, accum: int) -> np.ndarray:
     """This rank's examples: piece ``index`` of ``parts`` of every micro-batch, so that micro-batch ``m`` of the
     local batch is this rank's share of micro-batch ``m`` of the global one (as JAX and torch_xla lay it out)."""
+    micro = batch_size // accum
+    piece = micro // parts
+    return np.concatenate([np.arange(m * micro + index * piece, m * micro + (index + 1) * piece)
+                           for m in range(accum)])
+
+
+def local_rows(batch: dict[str, np.ndarray], parts: int, index: int, accum: int) -> dict[str, np.ndarray]:
+    """This rank's rows (:func:`rank_rows`) of a global batch."""
     if parts == 1:
         return batch
-    out = {}
-    for key, value in batch.items():
-        micro = value.shape[0] // accum
-        piece = micro // parts
-        out[key] = np.concatenate([value[m * micro + index * piece: m * micro + (index + 1) * piece]
-                                   for m in range(accum)])
-    return out
+    rows = rank_rows(next(iter(batch.values())).shape[0], parts, index, accum)
+    return {key: value[rows] for key, value in batch.items()}
 
 
 def to_plain(value: Any) -> Any:

@@ -19,6 +19,7 @@ import datetime
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,13 @@ def program_source(program: Program) -> tuple[str, str]:
 
 
 _live: list[DistributedExecutable] = []   # the spawned run of this process that owns the default group
+
+@dataclass(frozen=True)
+class RankStep:
+    """The batch of step ``step``, which every rank reads for itself."""
+
+    step: int
+
 
 class DistributedExecutable(Executable):
     """The Executable protocol over N processes (see the module docstring). Results are rank 0's; every rank
@@ -148,8 +156,13 @@ class DistributedExecutable(Executable):
     def init(self, weights: dict[str, np.ndarray]) -> None:
         self._call("init", weights)
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        metrics, replies = self._call("step", batch)
+    def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], Any]) -> Any:
+        """Nothing read here: each rank reads only its own rows of the step (RankEngine.step_at)."""
+        return RankStep(step)
+
+    def step(self, batch: Any) -> dict[str, float]:
+        metrics, replies = (self._call("step_at", batch.step) if isinstance(batch, RankStep)
+                            else self._call("step", batch))
         for rank, loss in enumerate(replies, start=1):
             if loss != metrics["loss"] and not (math.isnan(loss) and math.isnan(metrics["loss"])):
                 raise RunError(f"inductor ranks disagree on the loss: rank 0 has {metrics['loss']!r}, rank {rank} "

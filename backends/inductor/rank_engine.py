@@ -18,13 +18,16 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from xbridge import hints
+from xbridge.data import contract
+from xbridge.data.contract import BatchCheck
 from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+from xbridge.run.feed import Feed
 
 from .._torch.train import TrainStep, batch_to_torch, eval_loss, exact_fp32, tensor_to_numpy
 from .executable import InductorExecutable
-from .placement import MeshRoles, apply_batch_axis, local_rows, tensor_parallel, to_plain
+from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
 
 
 class ShardedGradScaler(torch.amp.GradScaler):
@@ -110,6 +113,8 @@ class RankEngine(InductorExecutable):
         self.roles = MeshRoles(plan)
         self.mesh = self.roles.build_mesh(device.type)
         self.tensor_parallel: list[str] = []
+        self._feed: Feed | None = None
+        self._check: BatchCheck | None = None
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plan applied: DTensor on the model axis, FSDP2 on the batch axis."""
@@ -127,10 +132,28 @@ class RankEngine(InductorExecutable):
         return model
 
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """A step on this rank's rows of the global ``batch`` (sent by rank 0)."""
         local = local_rows(batch, self.batch_parts, self.batch_index, self.program.step.grad_accum)
+        return self._train(batch_to_torch(local, self.device, self.program.precision))
+
+    def step_at(self, step: int) -> dict[str, float]:
+        """Step ``step`` on the rows this rank reads itself from the program's data source (only those rows; the
+        next step's load in the background). ``data_bytes``: what this rank read for the step."""
+        if self._feed is None:
+            data, seed = self.program.data, self.program.seed
+            rows = rank_rows(data.batch_size, self.batch_parts, self.batch_index, self.program.step.grad_accum)
+            check = BatchCheck(data, expected_rows=len(rows))
+            self._check = check
+            self._feed = Feed(lambda s: self.put(check(contract.rows(data, s, seed, rows), s)), stop=None)
+        tensors, _ = self._feed.get(step)
+        metrics = self._train(tensors)
+        assert self._check is not None
+        return {**metrics, "data_bytes": float(self._check.bytes_read.pop(step, 0))}
+
+    def _train(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         lr = self.train_step.lr
         with hints.activate(self._hints):
-            loss = self.train_step(batch_to_torch(local, self.device, self.program.precision))
+            loss = self.train_step(tensors)
         return {"loss": self._batch_mean(loss), "lr": lr}
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:

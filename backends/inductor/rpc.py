@@ -53,7 +53,7 @@ def rebuild_error(kind: str, message: str, rank: int, call: str) -> Exception:
 
 def answer(name: str, result: Any) -> Any:
     """What a worker sends back: only what rank 0 checks (the loss); rank 0 has every other result itself."""
-    return result["loss"] if name == "step" else None
+    return result["loss"] if name in ("step", "step_at") else None
 
 
 def error_message(exc: BaseException) -> tuple[str, str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,12 @@ class Executable(ABC):
     def step(self, batch: Any) -> dict[str, float]:
         """Run one optimizer step on the global batch (numpy, or what :meth:`put` made of it); return metrics (at
         least ``loss``) once the device is done."""
+
+    def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], dict[str, np.ndarray]]) -> Any:
+        """Step ``step``'s batch for :meth:`step`: read from the data ``source``, ``check``-ed, :meth:`put`. The run
+        loop calls it one step ahead on its prefetch thread. A backend whose processes each read only their own
+        rows overrides it (the distributed inductor ranks)."""
+        return self.put(check(source.batch(step, seed), step))
 
     def put(self, batch: dict[str, np.ndarray]) -> Any:
         """The batch moved where :meth:`step` and :meth:`evaluate` read it (the device, sharded as planned). The run

@@ -27,11 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-
-
-class DataError(ConfigError):
-    """A data source gave a batch the program cannot use (missing key, changed shape, non-array value...)."""
+from ..errors import ConfigError, DataError
 
 
 def source_name(source: Any) -> str:
@@ -81,6 +77,31 @@ def describe(source: Any) -> dict[str, Any]:
     return {"kind": "opaque", "class": source_name(source), "batch_size": source.batch_size, "reproducible": False}
 
 
+def fingerprints(description: Any, where: str = "data") -> dict[str, str]:
+    """Every content fingerprint in a description (or a whole program config), by the file path or field it
+    belongs to."""
+    out: dict[str, str] = {}
+    if isinstance(description, dict):
+        if isinstance(description.get("fingerprint"), str):
+            out[str(description.get("path", where))] = description["fingerprint"]
+        for key, value in description.items():
+            out.update(fingerprints(value, f"{where}.{key}"))
+    elif isinstance(description, list):
+        for index, value in enumerate(description):
+            out.update(fingerprints(value, f"{where}[{index}]"))
+    return out
+
+
+def changed_data(saved_config: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The first data file or array whose content differs between a saved config and this one, as one line."""
+    before = fingerprints({k: saved_config.get(k) for k in ("data", "eval")})
+    now = fingerprints({k: config.get(k) for k in ("data", "eval")})
+    for name, value in before.items():
+        if name in now and now[name] != value:
+            return f"data {name!r} changed since it was saved (fingerprint {now[name]}, saved {value})"
+    return None
+
+
 def reproducible(description: dict[str, Any]) -> bool:
     """Whether the config alone identifies the data (a described source can still say ``reproducible: false``)."""
     return description.get("reproducible", True) is not False
@@ -110,6 +131,7 @@ class BatchCheck:
     signature: dict[str, tuple[str, tuple[int, ...]]] | None = None
     first_step: int = 0
     label: str = "step"          # what the index counts: "step" (training) or "eval batch"
+    bytes_read: dict[int, int] = dataclasses.field(default_factory=dict)   # per step, until taken
 
     def __call__(self, batch: Any, step: int) -> dict[str, np.ndarray]:
         name = source_name(self.source)
@@ -150,6 +172,7 @@ class BatchCheck:
                 if value.ndim == 0 or value.shape[0] != self.expected_rows:
                     raise DataError(f"{where}: key {key!r} has shape {list(value.shape)}; dimension 0 must be the "
                                     f"{self.expected_rows} examples of the batch")
+        self.bytes_read[step] = sum(v.nbytes for v in out.values())
         return out
 
     @staticmethod

@@ -46,23 +46,23 @@ def to_config(obj: Any) -> Any:
     raise ConfigError(f"value {obj!r} of type {type(obj).__name__} cannot be written to JSON")
 
 
-def from_config(data: Any, **callables: Any) -> Any:
+def from_config(config: Any, **callables: Any) -> Any:
     """Rebuild IR objects from :func:`to_config` output. ``callables`` fill the top object's callable fields."""
-    if isinstance(data, dict) and "kind" in data:
-        kind = data["kind"]
+    if isinstance(config, dict) and "kind" in config:
+        kind = config["kind"]
         cls = _KINDS.get(kind)
         if kind in ("described", "opaque"):
-            raise ConfigError(f"data {data.get('class')!r} is described in the config, not rebuilt from it; pass the "
-                              "source itself")
+            raise ConfigError(f"data {config.get('class')!r} is described in the config, not rebuilt from it; pass "
+                              "the source itself")
         if cls is None:
             raise ConfigError(f"unknown IR kind {kind!r} in config (known: {', '.join(sorted(_KINDS))})")
-        fields = {k: from_config(v) for k, v in data.items() if k != "kind"}
+        fields = {k: from_config(v) for k, v in config.items() if k != "kind"}
         return cls(**fields, **callables)
-    if isinstance(data, list):
-        return [from_config(v) for v in data]
-    if isinstance(data, dict):
-        return {k: from_config(v) for k, v in data.items()}
-    return data
+    if isinstance(config, list):
+        return [from_config(v) for v in config]
+    if isinstance(config, dict):
+        return {k: from_config(v) for k, v in config.items()}
+    return config
 
 
 def canonical_json(obj: Any, leave_out: tuple[str, ...] = ()) -> str:

@@ -255,6 +255,11 @@ def load(path: Path, program: Program, allow_config_change: bool = False) -> Che
     """Verify and read checkpoint ``path`` for ``program``: manifest, sizes and checksums, then every tensor's
     name and shape against the program. Raises CheckpointError (one line) on the first problem."""
     manifest = _read_manifest(path)
+    from ..data.contract import changed_data
+
+    changed = changed_data(manifest.get("config", {}), program.config())
+    if changed is not None:   # the batches after the checkpoint would not be the ones an uninterrupted run reads
+        raise CheckpointError(f"checkpoint {str(path)!r}: {changed}; resume with the data it was written with")
     if manifest["resume_hash"] != resume_hash(program) and not allow_config_change:
         raise CheckpointError(f"checkpoint {str(path)!r} belongs to another program config (program "
                               f"{manifest.get('program')!r}, config hash {manifest['config_hash']}; this is "

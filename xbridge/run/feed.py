@@ -1,30 +1,25 @@
-"""Batches for the run loop: read from the data source, checked, and put on the device one step ahead.
+"""Batches for the run loop, loaded one step ahead.
 
-While step k runs, a background thread reads batch k+1 (``batch(step, seed)``), checks it against the first batch
-(:class:`xbridge.data.contract.BatchCheck`) and hands it to the executable's ``put`` (the host-to-device copy, sharded
-as planned). The loop then waits only for what is not ready yet; that wait is reported per step as ``data_wait_s``
-and is part of the step time. A source's error reaches the loop at the step that needed the batch.
+While step k runs, a background thread loads batch k+1: the executable's ``fetch`` reads it from the data source,
+checks it against the first batch (:class:`xbridge.data.contract.BatchCheck`) and ``put``s it on the device (the
+host-to-device copy, sharded as planned). The loop then waits only for what is not ready yet; that wait is reported
+per step as ``data_wait_s`` and is part of the step time. A source's error reaches the loop at the step that needed
+the batch. The distributed inductor ranks use the same class to load their own rows.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..backend import Executable
-from ..data.contract import BatchCheck
-
 
 class Feed:
-    def __init__(self, source: Any, seed: int, executable: Executable, stop: int, prefetch: bool = True) -> None:
-        self.source, self.seed, self.executable, self.stop = source, seed, executable, stop
-        self.check = BatchCheck(source, expected_rows=source.batch_size)
+    def __init__(self, load: Callable[[int], Any], stop: int | None, prefetch: bool = True) -> None:
+        self.load, self.stop = load, stop
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbridge-prefetch") if prefetch else None
         self.ahead: tuple[int, Future] | None = None
-
-    def _load(self, step: int) -> Any:
-        return self.executable.put(self.check(self.source.batch(step, self.seed), step))
 
     def get(self, step: int) -> tuple[Any, float]:
         """Step ``step``'s batch, ready for the executable, and the seconds spent waiting for it; the next batch
@@ -33,10 +28,12 @@ class Feed:
         if self.ahead is not None and self.ahead[0] == step:
             batch = self.ahead[1].result()
         else:
-            batch = self._load(step)
+            if self.ahead is not None:      # asked out of order: let the stale load finish first (checks run in order)
+                self.ahead[1].exception()
+            batch = self.load(step)
         self.ahead = None
-        if self.pool is not None and step + 1 < self.stop:
-            self.ahead = (step + 1, self.pool.submit(self._load, step + 1))
+        if self.pool is not None and (self.stop is None or step + 1 < self.stop):
+            self.ahead = (step + 1, self.pool.submit(self.load, step + 1))
         return batch, time.perf_counter() - start
 
     def close(self) -> None:

@@ -161,11 +161,12 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
     ``after_step(done)`` runs after each step (done = completed steps)."""
     executable = prepared.executable
     records: list[StepRecord] = []
-    with Feed(program.data, program.seed, executable, steps, prefetch) as feed:
+    check = BatchCheck(program.data, expected_rows=program.data.batch_size)
+    with Feed(lambda s: executable.fetch(program.data, s, program.seed, check), steps, prefetch) as feed:
         for step in range(start, steps):
             if step - start == warmup:
                 executable.mark_warm()
-            record = _one_step(executable, feed, step)
+            record = _one_step(executable, feed, step, check)
             if not math.isfinite(record.loss):
                 raise RunError(nonfinite_message(prepared, record.loss, step, last_good()))
             records.append(record)
@@ -176,13 +177,15 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
     return records
 
 
-def _one_step(executable: Executable, feed: Feed, step: int) -> StepRecord:
+def _one_step(executable: Executable, feed: Feed, step: int, check: BatchCheck) -> StepRecord:
     start_time = time.perf_counter()
     batch, waited = feed.get(step)
     metrics = executable.step(batch)
     elapsed = time.perf_counter() - start_time
-    extra = {k: float(v) for k, v in metrics.items() if k != "loss"}
-    return StepRecord(step, float(metrics["loss"]), elapsed, {**extra, "data_wait_s": waited})
+    read = check.bytes_read.pop(step, None)     # None: the backend's processes read their rows themselves
+    extra = {"data_wait_s": waited, **({"data_bytes": float(read)} if read is not None else {}),
+             **{k: float(v) for k, v in metrics.items() if k != "loss"}}
+    return StepRecord(step, float(metrics["loss"]), elapsed, extra)
 
 
 def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
