@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cli
 FIXTURES = ROOT / "tests" / "fixtures"
 MLP = str(PROGRAMS / "mlp.py")
 GPT = str(PROGRAMS / "gpt.py")
+BAD_DATA = str(FIXTURES / "bad_data.py")
 
 
 def _rewrite(step_dir, change):
@@ -64,7 +65,31 @@ def workspace(tmp_path_factory, mlp_program):
     (ws / "out").mkdir()
     (ws / "out" / "run.json").write_text('{"mine": true}')
     np.savez(ws / "other.npz", w=np.zeros(3, np.float32))
+    _data_files(ws)
     return ws
+
+
+def _data_files(ws):
+    """Token files for bad_data.py, and a checkpoint of its token program whose file then changes."""
+    import os
+
+    from xbridge.program_file import load_program
+    from xbridge.run.loop import RunOptions, run
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, 256, 4096).astype(np.uint16).tofile(ws / "tokens.bin")
+    (ws / "empty.bin").write_bytes(b"")
+    np.array([1, 2, 300, 4] * 64, dtype=np.uint16).tofile(ws / "big_ids.bin")
+    (ws / "odd.bin").write_bytes(b"\x01\x02\x03")
+    np.savez(ws / "mismatched.npz", x=np.zeros((10, 64), np.float32), y=np.zeros(9, np.int64))
+    cwd = os.getcwd()
+    os.chdir(ws)
+    try:
+        program = load_program(f"{FIXTURES / 'bad_data.py'}:tokens")
+        run(program, "eager-cpu", RunOptions(steps=2, warmup=1, checkpoint_dir=ws / "ck_tokens"))
+    finally:
+        os.chdir(cwd)
+    rng.integers(0, 256, 4096).astype(np.uint16).tofile(ws / "tokens.bin")   # same size, new content
 
 
 def snapshot(*roots):
@@ -137,6 +162,20 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir DIR"),
     (["run", MLP, "--checkpoint-every", "0", "--checkpoint-dir", "{ws}/new"], "--checkpoint-every must be >= 1, got 0"),
     (["run", MLP, "--keep", "0", "--checkpoint-dir", "{ws}/new"], "--keep must be >= 1, got 0"),
+    # data: a batch that changes, files that are wrong, a file that changed since the checkpoint
+    (["run", BAD_DATA + ":missing_key", "--steps", "3"], "data Spoiled, step 2: batch key 'y' is missing (step 0 had it)"),
+    (["run", BAD_DATA + ":extra_key", "--steps", "3"], "data Spoiled, step 2: batch key 'w' is new (step 0 had keys ['x', 'y'])"),
+    (["run", BAD_DATA + ":dtype_change", "--steps", "3"], "data Spoiled, step 2: key 'x' is float64, it was float32 at step 0"),
+    (["run", BAD_DATA + ":shape_change", "--steps", "3"], "data Spoiled, step 2: key 'x' has shape [64, 32], it was [64, 64] at step 0"),
+    (["run", BAD_DATA + ":not_array", "--steps", "3"], "data Spoiled, step 2: key 'y' is a list, not a numpy array"),
+    (["run", BAD_DATA + ":not_dict", "--steps", "3"], "data Spoiled, step 2: batch() returned list, not a dict of arrays"),
+    (["run", BAD_DATA + ":short_batch", "--steps", "3"], "data Spoiled, step 2: key 'x' has shape [10, 64], it was [64, 64] at step 0"),
+    (["run", BAD_DATA + ":empty_file"], "bad_data.py: TokenFile: data file 'empty.bin' is empty"),
+    (["run", BAD_DATA + ":big_ids"], "bad_data.py: TokenFile 'big_ids.bin': token id 300 is outside the vocabulary (vocab_size 256)"),
+    (["run", BAD_DATA + ":odd_size"], "bad_data.py: TokenFile 'odd.bin': 3 bytes is not a whole number of uint16 tokens"),
+    (["run", BAD_DATA + ":mismatched_arrays"], "bad_data.py: Arrays: arrays have different numbers of examples {'x': 10, 'y': 9}"),
+    (["run", BAD_DATA + ":tokens", "--resume", "{ws}/ck_tokens", "--steps", "4"],
+     "ck_tokens/step-00000002': data 'tokens.bin' changed since it was saved (fingerprint "),
 ]
 
 

@@ -63,9 +63,12 @@ def load_program(ref: str) -> Program:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         raise ProgramError(f"program file {path_text!r} raised {type(exc).__name__} at import "
                            f"({Path(frame.filename).name}:{frame.lineno}): {exc}") from exc
-    if not hasattr(module, attr):
-        raise ProgramError(f"program file {path_text!r} defines no `{attr}`; add `{attr} = xb.Program(...)`")
-    program = getattr(module, attr)
+    try:
+        program = getattr(module, attr)   # a module-level __getattr__ may build it now
+    except AttributeError:
+        raise ProgramError(f"program file {path_text!r} defines no `{attr}`; add `{attr} = xb.Program(...)`") from None
+    except XBridgeError as exc:
+        raise type(exc)(f"{path_text}: {exc}") from exc
     if not isinstance(program, Program):
         raise ProgramError(f"`{attr}` in {path_text!r} is a {type(program).__name__}, not an xb.Program; "
                            f"assign `{attr} = xb.Program(...)`")
