@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from xbridge import hints
 from xbridge.backend import CompileCache, Executable, Target, on_host
 from xbridge.cache import cache_dir
+from xbridge.data.contract import checked_batch
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
@@ -129,7 +130,7 @@ class JaxExecutable(Executable):
         no state. JAX would give it a zero gradient and decay it; the optimizer here sees only these."""
         accum = self.program.step.grad_accum
         batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
-                 for k, v in self.program.data.batch(0, self.program.seed).items()}
+                 for k, v in checked_batch(self.program.data, 0, self.program.seed).items()}
         env = self.lowered.env
         key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..data.contract import checked_batch
 from ..ir.program import Program
 from ..weights import meta_model
 
@@ -17,7 +18,7 @@ def flops_per_step(program: Program, batch: dict[str, Any] | None = None) -> int
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = program.data.batch(0, program.seed) if batch is None else batch
+    batch = checked_batch(program.data, 0, program.seed) if batch is None else batch
     model = meta_model(program)
     meta_batch = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta")
                   for k, v in batch.items()}

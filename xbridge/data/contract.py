@@ -121,6 +121,11 @@ def rows(source: Any, step: int, seed: int, index: np.ndarray) -> dict[str, Any]
     return {k: v[index] for k, v in batch.items()} if isinstance(batch, Mapping) else batch
 
 
+def checked_batch(source: Any, step: int, seed: int) -> dict[str, np.ndarray]:
+    """One batch, checked (and a collate function's torch tensors made numpy): for code outside the run loop."""
+    return BatchCheck(source, expected_rows=source.batch_size)(source.batch(step, seed), step)
+
+
 @dataclasses.dataclass
 class BatchCheck:
     """Checks every batch against the first one: same keys, dtypes and shapes, numeric arrays whose dimension 0 is

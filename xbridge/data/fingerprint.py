@@ -26,7 +26,7 @@ def of_file(path: Path) -> str:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
         else:
-            for offset in np.linspace(0, size - BLOCK, BLOCKS).astype(np.int64):
+            for offset in np.linspace(0, max(size - BLOCK, 0), BLOCKS).astype(np.int64):
                 handle.seek(int(offset), os.SEEK_SET)
                 digest.update(handle.read(BLOCK))
     return digest.hexdigest()

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import __version__
 from ..backend import Backend, Executable, Target, registry
-from ..data.contract import BatchCheck, describe, reproducible, tokens_per_example
+from ..data.contract import BatchCheck, checked_batch, describe, reproducible, tokens_per_example
 from ..errors import BackendUnavailable, ConfigError, Interrupted, RunError
 from ..files import write_npz
 from ..ir.program import Program
@@ -220,7 +220,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         executable.load_training_state(resumed.train)
     if options.trace_out is not None:
         write_npz(options.trace_out, executable.trace_modules(
-            BatchCheck(program.data, program.data.batch_size)(program.data.batch(start, program.seed), start)))
+            checked_batch(program.data, start, program.seed)))
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
     assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)

@@ -1,0 +1,226 @@
+"""The user's own data: each kind of source trains, matches the reference on every backend, resumes exactly, and
+(on inductor with several processes) is read only in each process's share."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, run_cli
+
+USER_DATA = ROOT / "tests" / "fixtures" / "user_data.py"
+SOURCES = ["tokens", "arrays_npz", "arrays_safetensors", "arrays_npy", "arrays_memory", "torch_dataset",
+           "hf_dataset", "my_data"]
+# the .npy and .safetensors programs feed the same arrays through the same code as .npz (checked below)
+ON_EVERY_BACKEND = [s for s in SOURCES if s not in ("arrays_safetensors", "arrays_npy")]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The files the programs read: a token file pair, the digits as .npz, .safetensors, .npy and parquet."""
+    import datasets
+    import safetensors.numpy
+
+    from xbridge.data.bundled import _digits
+
+    d = tmp_path_factory.mktemp("user-data")
+    text = np.frombuffer(b"".join(p.read_bytes() for p in sorted((ROOT / "xbridge").rglob("*.py"))), np.uint8)
+    split = len(text) * 9 // 10
+    text[:split].astype(np.uint16).tofile(d / "train.bin")
+    text[split:].astype(np.uint16).tofile(d / "val.bin")
+    x, y = _digits()
+    np.savez(d / "digits.npz", x=x, y=y)
+    safetensors.numpy.save_file({"x": x, "y": y}, str(d / "digits.safetensors"))
+    np.save(d / "x.npy", x)
+    np.save(d / "y.npy", y)
+    datasets.Dataset.from_dict({"x": x.tolist(), "y": y.tolist()}).to_parquet(str(d / "digits.parquet"))
+    return d
+
+
+@pytest.fixture
+def in_data_dir(data_dir, monkeypatch):
+    monkeypatch.chdir(data_dir)
+    return data_dir
+
+
+def _load(name):
+    from xbridge.program_file import load_program
+
+    return load_program(f"{USER_DATA}:{name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SOURCES)
+def test_resume_sees_the_batches_of_an_uninterrupted_run(name, in_data_dir, tmp_path):
+    from xbridge.run.loop import RunOptions, run
+
+    program = _load(name)
+    straight = run(program, "eager-cpu", RunOptions(steps=4, warmup=1))
+    run(program, "eager-cpu", RunOptions(steps=2, warmup=1, checkpoint_dir=tmp_path / "ck"))
+    resumed = run(program, "eager-cpu", RunOptions(steps=4, warmup=1, resume=tmp_path / "ck"))
+    assert resumed.start_step == 2
+    assert resumed.losses == straight.losses[2:]      # bit-identical: the same batches, the same weights
+    assert [e.loss for e in resumed.evals][-1:] == [e.loss for e in straight.evals][-1:]
+    assert straight.data["reproducible"] is (name not in ("torch_dataset", "my_data"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ON_EVERY_BACKEND)
+def test_every_backend_matches_the_reference_on_the_users_data(name, data_dir, tmp_path):
+    proc = run_cli("parity", f"{USER_DATA}:{name}", "--steps", "3", "--backends", "inductor-cpu,jax-cpu,xla-cpu",
+                   "--out", str(tmp_path / "parity"), "--format", "json", cwd=data_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    assert record["passed"], [(r["target"], r.get("error"), r.get("max_loss_dev")) for r in record["targets"]]
+    assert {r["target"] for r in record["targets"]} == {"inductor-cpu", "jax-cpu", "xla-cpu"}
+    if name in ("tokens", "arrays_memory"):       # programs with xb.Eval: eval losses compared too
+        assert len(record["reference"]["eval_losses"]) >= 2
+        assert all(r["max_eval_loss_dev"] <= r["loss_limit"] for r in record["targets"])
+
+
+@pytest.mark.slow
+def test_each_inductor_process_reads_only_its_rows(data_dir):
+    proc = run_cli("run", f"{USER_DATA}:tokens", "--backend", "inductor-cpu", "--devices", "2", "--steps", "3",
+                   "--format", "json", cwd=data_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(proc.stdout)
+    proc = run_cli("run", f"{USER_DATA}:tokens", "--backend", "eager-cpu", "--steps", "3", "--format", "json",
+                   cwd=data_dir)
+    one = json.loads(proc.stdout)
+    full = 8 * 17 * 8           # batch 8 x (seq_len + 1) tokens x int64
+    assert [s["data_bytes"] for s in one["steps"]] == [full] * 3
+    assert [s["data_bytes"] for s in two["steps"]] == [full / 2] * 3      # rank 0's share
+    np.testing.assert_allclose([s["loss"] for s in two["steps"]], [s["loss"] for s in one["steps"]], rtol=1e-5)
+    np.testing.assert_allclose([e["loss"] for e in two["evals"]], [e["loss"] for e in one["evals"]], rtol=1e-5)
+
+
+# ------------------------------------------------------------------ the sources themselves
+
+def test_npz_safetensors_and_npy_files_give_the_same_batches(in_data_dir):
+    batches = [_load(name).data.batch(7, seed=3) for name in ("arrays_npz", "arrays_safetensors", "arrays_npy")]
+    for other in batches[1:]:
+        assert set(other) == {"x", "y"}
+        for key in ("x", "y"):
+            np.testing.assert_array_equal(other[key], batches[0][key])
+
+
+def test_token_file_windows_are_slices_of_the_file(tmp_path):
+    import xbridge as xb
+
+    tokens = np.arange(1000, dtype=np.uint16) % 251
+    tokens.tofile(tmp_path / "t.bin")
+    np.save(tmp_path / "t.npy", tokens.astype(np.int32))
+    for path in ("t.bin", "t.npy"):
+        source = xb.data.TokenFile(str(tmp_path / path), seq_len=9, batch_size=6)
+        batch = source.batch(3, seed=1)["tokens"]
+        assert batch.shape == (6, 10) and batch.dtype == np.int64
+        for row in batch:                     # every row is a window of 10 consecutive tokens of the file
+            start = int(np.flatnonzero(tokens == row[0])[0])
+            np.testing.assert_array_equal(row, tokens[start:start + 10]) if start + 10 <= 1000 else None
+        np.testing.assert_array_equal(batch, source.batch(3, seed=1)["tokens"])
+        assert not np.array_equal(batch, source.batch(4, seed=1)["tokens"])
+        np.testing.assert_array_equal(source.rows(3, 1, np.array([4, 1]))["tokens"], batch[[4, 1]])
+    assert source.tokens == 1000 and source.dtype == "int32" and len(source.fingerprint) == 32
+
+
+def test_token_file_ids_outside_the_vocabulary_are_caught_per_batch_in_a_large_file(tmp_path, monkeypatch):
+    import xbridge as xb
+    from xbridge.data import fingerprint
+
+    np.full(100, 300, dtype=np.uint16).tofile(tmp_path / "big.bin")
+    monkeypatch.setattr(fingerprint, "FULL_HASH_BYTES", 10)     # "large": no whole-file scan at construction
+    source = xb.data.TokenFile(str(tmp_path / "big.bin"), seq_len=4, batch_size=2, vocab_size=256)
+    with pytest.raises(xb.data.DataError, match=r"step 5: key 'tokens' holds id 300, outside the vocabulary"):
+        source.batch(5, seed=0)
+
+
+def test_arrays_epochs_are_permutations_and_unshuffled_is_in_order():
+    import xbridge as xb
+
+    x = np.arange(50, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
+    y = np.arange(50)
+    source = xb.data.Arrays({"x": x, "y": y}, batch_size=10)
+    epoch = np.concatenate([source.batch(s, seed=2)["y"] for s in range(5)])
+    assert sorted(epoch) == list(range(50)) and list(epoch) != list(range(50))
+    second = np.concatenate([source.batch(s, seed=2)["y"] for s in range(5, 10)])
+    assert sorted(second) == list(range(50)) and list(second) != list(epoch)       # reshuffled per epoch
+    b = source.batch(1, seed=2)
+    np.testing.assert_array_equal(b["x"][:, 0], b["y"])                           # rows stay together
+    ordered = xb.data.Arrays({"x": x, "y": y}, batch_size=20, shuffle=False)
+    assert list(ordered.batch(2, seed=0)["y"]) == list(range(40, 50)) + list(range(10))
+    description = xb.data.describe(source)
+    assert description["kind"] == "described" and description["arrays"]["x"]["fingerprint"]
+
+
+def test_records_default_collation_and_its_errors():
+    import xbridge as xb
+
+    records = [{"a": np.full(3, i), "b": i} for i in range(7)]
+    batch = xb.data.Records(records, batch_size=4, shuffle=False).batch(1, seed=0)
+    np.testing.assert_array_equal(batch["b"], [4, 5, 6, 0])
+    assert batch["a"].shape == (4, 3)
+    with pytest.raises(xb.data.DataError, match="records are tuple, not dicts; return a dict per record or pass"):
+        xb.data.Records([(1, 2)] * 4, batch_size=2).batch(0, seed=0)
+    ragged = [{"t": np.arange(n)} for n in (2, 3)]
+    with pytest.raises(xb.data.DataError, match="records' key 't' cannot be stacked"):
+        xb.data.Records(ragged, batch_size=2, shuffle=False).batch(0, seed=0)
+    with pytest.raises(xb.ConfigError, match="needs __len__ and __getitem__"):
+        xb.data.Records(iter(records), batch_size=2)
+
+
+def test_a_source_the_ir_cannot_describe_still_runs_and_says_so(mlp_program):
+    import xbridge as xb
+    from xbridge.run.loop import RunOptions, run
+
+    class Mine:
+        batch_size = 8
+
+        def batch(self, step, seed):
+            return xb.data.Digits(batch_size=8).batch(step, seed)
+
+    program = mlp_program.replace(data=Mine())
+    assert program.config()["data"] == {"kind": "opaque", "class": "test_a_source_the_ir_cannot_describe_still_runs_"
+                                        "and_says_so.<locals>.Mine", "batch_size": 8, "reproducible": False}
+    record = run(program, "eager-cpu", RunOptions(steps=2, warmup=1))
+    assert record.data["reproducible"] is False and len(record.losses) == 2
+
+
+def test_batches_load_one_step_ahead_and_errors_arrive_at_their_step():
+    import threading
+
+    from xbridge.run.feed import Feed
+
+    started = {k: threading.Event() for k in range(5)}
+
+    def load(step):
+        started[step].set()
+        if step == 3:
+            raise ValueError("bad step 3")
+        return step
+
+    with Feed(load, stop=5) as feed:
+        for step in range(3):
+            batch, _ = feed.get(step)
+            assert batch == step
+            # while "step" runs, the next batch is already loading (a serial loader never sets this)
+            assert started[step + 1].wait(timeout=30)
+        with pytest.raises(ValueError, match="bad step 3"):
+            feed.get(3)
+    assert not started[4].is_set()
+
+
+def test_data_files_are_resolved_from_the_working_directory_and_named_when_missing(tmp_path):
+    import xbridge as xb
+
+    with pytest.raises(xb.ConfigError, match=r"data file 'nope.bin' does not exist \(relative to the working "):
+        xb.data.TokenFile("nope.bin", seq_len=4, batch_size=2)
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        np.arange(100, dtype=np.uint16).tofile("here.bin")
+        assert xb.data.TokenFile("here.bin", seq_len=4, batch_size=2).tokens == 100
+    finally:
+        os.chdir(cwd)
