@@ -20,6 +20,10 @@ os.environ["XBRIDGE_CACHE_DIR"] = os.environ.get("XBRIDGE_TEST_CACHE_DIR") or te
     prefix="xbridge-test-cache-")
 for _name in ("TORCHINDUCTOR_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR"):
     os.environ.pop(_name, None)
+# Hugging Face datasets (the Records tests) caches under the same folder and never reaches for the network
+os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["XBRIDGE_CACHE_DIR"], "hf-datasets")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
