@@ -137,6 +137,7 @@ class BatchCheck:
     first_step: int = 0
     label: str = "step"          # what the index counts: "step" (training) or "eval batch"
     bytes_read: dict[int, int] = dataclasses.field(default_factory=dict)   # per step, until taken
+    buffers: dict[str, int] = dataclasses.field(default_factory=dict)      # each key's memory in the last batch
 
     def __call__(self, batch: Any, step: int) -> dict[str, np.ndarray]:
         name = source_name(self.source)
@@ -178,6 +179,13 @@ class BatchCheck:
                     raise DataError(f"{where}: key {key!r} has shape {list(value.shape)}; dimension 0 must be the "
                                     f"{self.expected_rows} examples of the batch")
         self.bytes_read[step] = sum(v.nbytes for v in out.values())
+        for key, value in out.items():
+            # a source that refills one buffer every step would change a batch the device may still read (batches
+            # load a step ahead and cross to the device without a copy where they can): that batch gets a copy
+            address = value.ctypes.data
+            if value.size and self.buffers.get(key) == address:
+                out[key] = value.copy()
+            self.buffers[key] = address
         return out
 
     @staticmethod
