@@ -224,3 +224,45 @@ def test_data_files_are_resolved_from_the_working_directory_and_named_when_missi
         assert xb.data.TokenFile("here.bin", seq_len=4, batch_size=2).tokens == 100
     finally:
         os.chdir(cwd)
+
+
+def test_a_torch_tensor_batch_reaches_jax_without_a_copy(mlp_program):
+    """DLPack: a collate function's float32 tensor becomes the device array itself (same buffer) on one device; an
+    int64 tensor is converted (JAX runs in int32), so it is a new buffer."""
+    import torch
+
+    import xbridge as xb
+    from xbridge.run.loop import RunOptions, prepare
+
+    program = mlp_program.replace(data=xb.data.Digits(batch_size=8))
+    executable = prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1)).executable
+    x, y = torch.randn(8, 64), torch.arange(8)
+    check = xb.data.BatchCheck(program.data, expected_rows=8)
+    placed = executable.put(check({"x": x, "y": y}, 0))
+    assert placed["x"].unsafe_buffer_pointer() == x.data_ptr()
+    assert placed["y"].unsafe_buffer_pointer() != y.data_ptr()
+    np.testing.assert_array_equal(np.asarray(placed["x"]), x.numpy())
+    assert np.isfinite(executable.step(placed)["loss"])
+
+
+def test_a_source_that_refills_one_buffer_gets_a_copy_per_step():
+    import xbridge as xb
+
+    class Refill:
+        batch_size = 4
+
+        def __init__(self):
+            self.buffer = np.zeros((4, 2), np.float32)
+
+        def batch(self, step, seed):
+            self.buffer[:] = step
+            return {"x": self.buffer}
+
+    source = Refill()
+    check = xb.data.BatchCheck(source, expected_rows=4)
+    first = check(source.batch(0, 0), 0)["x"]
+    assert first is source.buffer                     # the first time, nothing to protect
+    second = check(source.batch(1, 0), 1)["x"]
+    third = check(source.batch(2, 0), 2)["x"]
+    assert second is not source.buffer and third is not source.buffer
+    assert second[0, 0] == 1 and third[0, 0] == 2
