@@ -153,3 +153,18 @@ def test_xla_cuda_and_tpu_are_answered_with_reasons():
         registry.resolve("xla-gpu")
     with pytest.raises(BackendUnavailable, match="target xla-tpu is unavailable: no TPU here"):
         registry.resolve("xla-tpu")
+
+
+def test_xbridge_kernels_for_grouped_mm_and_histc_match_torch():
+    """torch_xla 2.9 has no _grouped_mm (it crashes) and runs histc on the CPU, floats only: xbridge's kernels
+    (backends/xlaspmd/ops.py) against torch's own, forward and backward."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fixtures" / "xla_ops_check.py")],
+                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                             "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(diffs) == {"forward", "grad_a", "grad_b", "histc_int", "histc_float_range"}
+    assert all(value <= 1e-5 for value in diffs.values()), diffs

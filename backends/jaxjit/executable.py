@@ -27,7 +27,7 @@ from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 
 from .._torch.train import build_model, eval_mode
-from . import optimizers
+from . import ops, optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
@@ -96,10 +96,12 @@ class JaxExecutable(Executable):
     def init(self, weights: dict[str, np.ndarray]) -> None:
         program = self.program
         model = build_model(program, weights, torch.device("cpu"))
+        ops.register()
         self.lowered = LoweredLoss(program, model)
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
                              else hints.checker(self.plan.axis_sizes))
         self.names = list(weights)
+        self.dtypes = {n: w.dtype for n, w in weights.items()}    # an int64 counter comes back int64, not int32
         float_dtype = jnp.dtype(program.precision.params)
         planned = {p.name: p.spec for p in self.plan.params}
         self.specs: dict[str, Spec] = {}
@@ -126,9 +128,10 @@ class JaxExecutable(Executable):
 
     def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
                               float_dtype: Any) -> list[str]:
-        """The parameters the loss reads (in the traced loss of one micro-batch). torch gives a parameter the loss
-        never reaches no gradient (``grad is None``), and torch.optim then skips it: no update, no weight decay,
-        no state. JAX would give it a zero gradient and decay it; the optimizer here sees only these."""
+        """The parameters the loss reads (in the traced loss of one micro-batch) and that are not frozen. torch gives
+        a parameter the loss never reaches, or one with ``requires_grad=False``, no gradient (``grad is None``), and
+        torch.optim then skips it: no update, no weight decay, no state. JAX would give it a gradient and update or
+        decay it; the optimizer here sees only these."""
         accum = self.program.step.grad_accum
         batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
                  for k, v in checked_batch(self.program.data, 0, self.program.seed).items()}
@@ -136,13 +139,15 @@ class JaxExecutable(Executable):
         key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
         try:
             with matmul_precision(self.program.precision.compute):
-                closed = jax.make_jaxpr(lambda p, b: self.lowered(p, buffers, b))(params, batch)
+                closed = jax.make_jaxpr(lambda p, b: self.lowered(p, buffers, b)[0])(params, batch)
         finally:
             env.param.prng = key
         read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
-        return [n for n in self.lowered.param_names if n in used]
+        frozen = {self.lowered.canonical[n] for n, p in self.lowered.module._model.named_parameters(
+            remove_duplicate=False) if not p.requires_grad}
+        return [n for n in self.lowered.param_names if n in used and n not in frozen]
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
@@ -161,38 +166,40 @@ class JaxExecutable(Executable):
     # ------------------------------------------------------------------ the step
 
     def _micro_grads(self, params: Any, buffers: Any, batch: Any, scale: Any, divisor: float,
-                     gather: Callable[[Any], Any]) -> tuple[Any, jax.Array]:
-        """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale) and the
-        mean unscaled loss of this device's batch."""
+                     gather: Callable[[Any], Any]) -> tuple[Any, jax.Array, Any]:
+        """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale), the
+        mean unscaled loss of this device's batch, and the buffers after the last micro-batch's forward (each
+        micro-batch's forward sees the buffers the previous one left, as in eager)."""
         accum = self.program.step.grad_accum
 
-        def loss_fn(p: Any, mb: Any) -> tuple[jax.Array, jax.Array]:
-            loss = self.lowered(gather(p), buffers, mb)
+        def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+            loss, updated = self.lowered(gather(p), bufs, mb)
             scaled = loss / (accum * divisor)
-            return (scaled * scale if scale is not None else scaled), loss
+            return (scaled * scale if scale is not None else scaled), (loss, updated)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if accum == 1:
-            (_, loss), grads = grad_fn(params, batch)
-            return grads, loss
+            (_, (loss, updated)), grads = grad_fn(params, batch, buffers)
+            return grads, loss, updated
         micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
         def body(carry: Any, mb: Any) -> tuple[Any, None]:
-            g_acc, l_acc = carry
-            (_, loss), g = grad_fn(params, mb)
-            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss / accum), None
+            g_acc, l_acc, bufs = carry
+            (_, (loss, bufs)), g = grad_fn(params, mb, bufs)
+            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss / accum, bufs), None
 
-        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32))
-        (grads, loss), _ = jax.lax.scan(body, init, micro)
-        return grads, loss
+        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), buffers)
+        (grads, loss, updated), _ = jax.lax.scan(body, init, micro)
+        return grads, loss, updated
 
-    def _apply(self, state: dict[str, Any], grads: Any, loss: jax.Array,
+    def _apply(self, state: dict[str, Any], grads: Any, loss: jax.Array, buffers: Any,
                reduce_sum: Callable[[str, jax.Array], jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        """Unscale, clip by global norm (torch's formula), optimizer update, loss-scale bookkeeping.
-        ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices holding that parameter's shards."""
+        """Unscale, clip by global norm (torch's formula), optimizer update, loss-scale bookkeeping; the buffers
+        the forward updated are kept. ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices
+        holding that parameter's shards."""
         spec = self.program.optimizer
         params = state["params"]
-        new = dict(state)
+        new = dict(state, buffers=buffers)
         if self.scaling:
             inv = 1.0 / state["scaler"].scale
             grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
@@ -233,9 +240,9 @@ class JaxExecutable(Executable):
         if self.mode == "gspmd":
             def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
                 self.traces += 1
-                grads, loss = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state), 1.0,
-                                                lambda p: p)
-                return self._apply(state, grads, loss, lambda name, x: x)
+                grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
+                                                         1.0, lambda p: p)
+                return self._apply(state, grads, loss, buffers, lambda name, x: x)
 
             return jit(step)
 
@@ -260,12 +267,16 @@ class JaxExecutable(Executable):
             self.traces += 1
             # Each device differentiates its local mean loss / n_devices. The transpose of all_gather sums the
             # gathered axes (psum_scatter); summing the remaining axes gives every device the global gradient.
-            grads, loss = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
-                                            float(n_devices), gather)
+            grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
+                                                     float(n_devices), gather)
             grads = {n: (jax.lax.psum(g, rest) if (rest := tuple(a for a in axes if a not in sharded_axes[n])) else g)
                      for n, g in grads.items()}
             loss = jax.lax.psum(loss, axes) / n_devices
-            return self._apply(state, grads, loss, reduce_sum)
+            # each device's forward saw its own rows (as torch DDP without SyncBatchNorm): floating buffers are
+            # averaged over the devices so that every device keeps the same value; counters agree already
+            buffers = {n: (jax.lax.pmean(b, axes) if jnp.issubdtype(b.dtype, jnp.floating) else b)
+                       for n, b in buffers.items()}
+            return self._apply(state, grads, loss, buffers, reduce_sum)
 
         batch_specs = self.batch_spec
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.state_specs, batch_specs),
@@ -299,7 +310,7 @@ class JaxExecutable(Executable):
 
             def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
                 with eval_mode(model):
-                    return self.lowered(params, buffers, b)
+                    return self.lowered(params, buffers, b)[0]
 
             self._eval = jax.jit(loss_in_eval_mode)
         with matmul_precision(self.program.precision.compute):
@@ -322,7 +333,7 @@ class JaxExecutable(Executable):
             value = params[canonical] if canonical is not None else buffers[name]
             value = np.asarray(value)
             floating = np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16
-            out[name] = value.astype(np.float32) if floating else value
+            out[name] = value.astype(np.float32) if floating else value.astype(self.dtypes[name])
         return out
 
     def _eager_names(self) -> dict[str, str]:

@@ -67,7 +67,9 @@ class ModuleTracker:
 
 
 class LoweredLoss:
-    """``self(params, buffers, batch) -> float32 loss``; params keyed by the canonical (untied) names."""
+    """``self(params, buffers, batch) -> (float32 loss, buffers after the forward)``; params keyed by the canonical
+    (untied) names. Buffers the forward updates in place (BatchNorm's running statistics and batch counter) come
+    back with their new values, in their own dtypes."""
 
     def __init__(self, program: Program, model: torch.nn.Module) -> None:
         self.program = program
@@ -84,7 +86,7 @@ class LoweredLoss:
         return list(self.module.params)
 
     def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
-                 batch: dict[str, jax.Array]) -> jax.Array:
+                 batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
         amp = (autocast("jax", dtype=torch_dtype(precision.compute), env=self.env) if precision.mixed
@@ -110,7 +112,9 @@ class LoweredLoss:
         if not isinstance(out, jax.Array) or out.shape != ():
             raise LoweringError(f"the loss of program {self.program.name!r} must return a scalar tensor, got "
                                 f"{getattr(out, 'shape', type(out).__name__)}")
-        return out.astype(jnp.float32)
+        # torchax runs an in-place update (running_mean.mul_(...)) by giving the tensor a new array: read them back
+        updated = {n: jnp.asarray(self.env.t2j_iso(t)).astype(buffers[n].dtype) for n, t in b.items()}
+        return out.astype(jnp.float32), updated
 
 
 def sharding_hint(mesh: jax.sharding.Mesh, axis_sizes: dict[str, int]) -> hints.Handler:

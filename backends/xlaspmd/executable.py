@@ -33,6 +33,7 @@ from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
 from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
+from . import ops
 
 _RUNTIME_READY = False
 
@@ -132,6 +133,7 @@ def _check_importable(program: Program, model: torch.nn.Module) -> None:
 class XlaExecutable(TorchTrainState):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str = "lazy") -> None:
         start_runtime()
+        ops.register()
         have = xr.global_runtime_device_count()
         if have != plan.devices:
             raise BackendUnavailable(f"target {target} runs SPMD over all {have} device(s) of this process, but the "

@@ -123,7 +123,8 @@ def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) 
         return run
     if proc.returncode != 0:
         reason = f"exit code {proc.returncode}" if proc.returncode > 0 else f"killed by signal {-proc.returncode}"
-        run.status, run.error = "failed", f"{reason}\n{_tail(proc.stderr)}"
+        last = _tail(proc.stderr, 1).removeprefix("error: ")   # the child's one error line, or its exception
+        run.status, run.error = "failed", f"{reason}{': ' + last if last else ''}\n{_tail(proc.stderr)}"
         return run
     try:
         run.result = RunRecord.from_json(json.loads(proc.stdout))

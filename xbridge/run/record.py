@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2   # 2: data (the sources described), evals, steps carry data_wait_s and data_bytes
 
 
 @dataclass

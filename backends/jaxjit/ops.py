@@ -1,0 +1,63 @@
+"""Lowerings xbridge adds to torchax for torch operators it does not cover, registered before a program is traced.
+
+- ``aten::_grouped_mm`` (mixture-of-experts layers: transformers 5's default experts implementation calls it with
+  the tokens sorted by expert and ``offs``, the cumulative end row of each expert's group):
+  ``(m, k) x (g, k, n)`` is ``jax.lax.ragged_dot`` with group sizes ``diff(offs)``; ``(k, m) x (m, n) -> (g, k, n)``
+  (the weight gradient torch's autograd would ask for) is a one-hot contraction over the rows; ``(b, m, k) x
+  (b, k, n)`` without ``offs`` is a batched matmul. Rows past ``offs[-1]`` come out 0 (torch leaves them unset).
+  On CPU and in multi-device SPMD, XLA expands ``ragged_dot`` into a dense masked matmul over the groups (g times the
+  FLOPs of the grouped product); single-device GPU and TPU keep it ragged.
+
+Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forward and backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from xbridge.errors import LoweringError
+
+
+def _group_sizes(offs: jax.Array) -> jax.Array:
+    offs = offs.astype(jnp.int32)
+    return jnp.diff(offs, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def grouped_mm(a: jax.Array, b: jax.Array, offs: jax.Array | None = None, bias: jax.Array | None = None,
+               out_dtype: Any = None) -> jax.Array:
+    from torchax.ops import mappings
+
+    if bias is not None:
+        raise LoweringError("torch._grouped_mm with a bias has no lowering on the jax backend (transformers' "
+                            "experts pass none); add the bias after the grouped product")
+    if offs is None:
+        out = jnp.matmul(a, b)
+    elif a.ndim == 2 and b.ndim == 3:            # forward and input gradient: ragged along the rows of a
+        out = jax.lax.ragged_dot(a, b, _group_sizes(offs))
+    elif a.ndim == 2 and b.ndim == 2:            # weight gradient: ragged along the contracted rows
+        group = jnp.searchsorted(offs.astype(jnp.int32), jnp.arange(a.shape[1]), side="right")
+        out = jnp.einsum("km,mg,mn->gkn", a, jax.nn.one_hot(group, offs.shape[0], dtype=a.dtype), b)
+    else:
+        raise LoweringError(f"torch._grouped_mm of shapes {tuple(a.shape)} x {tuple(b.shape)} with offs has no "
+                            "lowering on the jax backend (2-D x 3-D and 2-D x 2-D do)")
+    return out if out_dtype is None else out.astype(mappings.t2j_dtype(out_dtype))
+
+
+@functools.cache
+def register() -> None:
+    """Add the lowerings to torchax's registry and to its default environment (which copied the registry when it
+    was created). Once per process."""
+    import torchax
+    from torchax.ops import ops_registry
+
+    env = torchax.default_env()
+    for op, impl in ((torch.ops.aten._grouped_mm.default, grouped_mm),):
+        if op in ops_registry.all_aten_ops:      # torchax gained its own: keep it
+            continue
+        ops_registry.register_torch_dispatch_op(op, impl, is_jax_function=True, is_user_defined=True)
+        env._ops[op] = ops_registry.all_aten_ops[op]

@@ -1,0 +1,76 @@
+"""XLA kernels xbridge adds for torch operators torch_xla 2.9 cannot run, registered once per process before a
+program is lowered (``torch.library``, dispatch key ``XLA``: only XLA tensors take them).
+
+- ``aten::_grouped_mm`` (mixture-of-experts layers; transformers 5's default experts implementation): torch_xla has
+  no kernel (the call crashes the process). Here it is a static-shape masked product: each row's group is found from
+  ``offs`` (the cumulative end row of each group) by comparison, and the product is taken against every group and
+  masked, so the graph has one shape whatever the routing (g times the FLOPs of a ragged product).
+  ``(m, k) x (g, k, n)``, ``(k, m) x (m, n) -> (g, k, n)`` (the weight gradient autograd asks for) and the
+  batched ``(b, m, k) x (b, k, n)`` without ``offs``.
+- ``aten::histc`` on integer input (transformers counts tokens per expert with it): torch_xla runs histc on the CPU,
+  whose kernel takes floating input only. Here it is a one-hot count, the same static shape for any input.
+
+Tests: tests/test_xla_backend.py compares each case with torch on the CPU, forward and backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xbridge.errors import LoweringError
+
+_LIBRARY: list[torch.library.Library] = []
+
+
+def _row_groups(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """One-hot (rows, g) membership: row r belongs to the first group whose end offset exceeds r."""
+    index = torch.arange(rows, device=offs.device, dtype=offs.dtype)
+    group = (index[:, None] >= offs[None, :]).sum(dim=1)                 # g for rows past the last group
+    return group[:, None] == torch.arange(offs.shape[0], device=offs.device)[None, :]
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               out_dtype: Any = None) -> torch.Tensor:
+    if bias is not None:
+        raise LoweringError("torch._grouped_mm with a bias has no kernel on the xla backend (transformers' experts "
+                            "pass none); add the bias after the grouped product")
+    if offs is None:
+        out = torch.matmul(a, b)
+    elif a.dim() == 2 and b.dim() == 3:
+        mask = _row_groups(offs, a.shape[0]).to(a.dtype)                    # (m, g)
+        out = torch.einsum("mg,gmn->mn", mask, torch.einsum("mk,gkn->gmn", a, b))
+    elif a.dim() == 2 and b.dim() == 2:
+        mask = _row_groups(offs, a.shape[1]).to(a.dtype)                    # (m, g)
+        out = torch.einsum("km,mg,mn->gkn", a, mask, b)
+    else:
+        raise LoweringError(f"torch._grouped_mm of shapes {tuple(a.shape)} x {tuple(b.shape)} with offs has no "
+                            "kernel on the xla backend (2-D x 3-D and 2-D x 2-D do)")
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def histc(x: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) -> torch.Tensor:  # noqa: A002
+    """torch.histc's semantics: ``bins`` equal bins over [min, max] (the data's range when both are 0), values
+    outside ignored, ``max`` itself in the last bin; counts in the input's dtype."""
+    values = x.reshape(-1).to(torch.float32)
+    if float(min) == 0.0 and float(max) == 0.0 and values.numel():
+        low, high = values.min(), values.max()                 # tensors: the graph keeps one shape
+    else:
+        low, high = values.new_tensor(float(min)), values.new_tensor(float(max))
+    same = low == high
+    low, high = torch.where(same, low - 1, low), torch.where(same, high + 1, high)
+    index = ((values - low) * (bins / (high - low))).floor().clamp(0, bins - 1).to(torch.int64)
+    inside = ((values >= low) & (values <= high)).to(torch.float32)
+    counts = (torch.nn.functional.one_hot(index, bins).to(torch.float32) * inside[:, None]).sum(dim=0)
+    return counts.to(x.dtype)
+
+
+def register() -> None:
+    """Install the kernels (once per process)."""
+    if _LIBRARY:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_grouped_mm", grouped_mm, "XLA")
+    library.impl("histc", histc, "XLA")
+    _LIBRARY.append(library)

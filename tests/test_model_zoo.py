@@ -1,0 +1,63 @@
+"""The model zoo: unmodified Hugging Face models of every family (tests/fixtures/hf_zoo.py), each trained 10 steps
+by `xbridge parity` on every backend against the eager reference in fp32; the shipped CNN (BatchNorm buffers) and a
+model with frozen parameters too."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import PROGRAMS, ROOT, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli]
+ZOO = ROOT / "tests" / "fixtures" / "hf_zoo.py"
+EVERY_BACKEND = "inductor-cpu,jax-cpu,xla-cpu"
+
+
+def _parity(tmp_path, program, *extra):
+    proc = run_cli("parity", program, "--steps", "10", "--format", "json", "--out", str(tmp_path / "parity"), *extra)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    failed = [(r["target"], r.get("error") or (r["max_loss_dev"], r["max_param_dev"], r["max_param_dev_at"]))
+              for r in record["targets"] if r["verdict"] != "pass"]
+    assert not failed and proc.returncode == 0, failed
+    return record
+
+
+@pytest.mark.parametrize("name", ["llama", "moe", "bert", "t5", "resnet"])
+def test_every_family_matches_the_reference_on_every_backend(tmp_path, name):
+    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND)
+    assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
+
+
+def test_moe_with_the_experts_split_over_four_devices(tmp_path):
+    record = _parity(tmp_path, f"{ZOO}:moe_sharded", "--backends", "jax-cpu,xla-cpu", "--devices", "4")
+    assert all(r["devices"] == 4 for r in record["targets"])
+
+
+def test_batchnorm_buffers_are_trained_on_every_backend(tmp_path):
+    """The shipped CNN: running mean and variance and the batch counter come back as eager's (parity compares every
+    buffer; the counter exactly)."""
+    record = _parity(tmp_path, str(PROGRAMS / "cnn.py"), "--backends", EVERY_BACKEND)
+    states = tmp_path / "parity" / "states"
+    with np.load(states / "reference.npz") as ref:
+        assert int(ref["bn1.num_batches_tracked"]) == 10
+        initial = np.load(tmp_path / "parity" / "initial_weights.npz")
+        assert not np.allclose(ref["bn1.running_var"], initial["bn1.running_var"])   # the buffers did move
+        for target in EVERY_BACKEND.split(","):
+            with np.load(states / f"{target}.npz") as got:
+                assert int(got["bn1.num_batches_tracked"]) == 10 and got["bn1.num_batches_tracked"].dtype == np.int64
+                np.testing.assert_allclose(got["bn2.running_var"], ref["bn2.running_var"], rtol=1e-4)
+    assert record["passed"]
+
+
+def test_frozen_parameters_are_never_updated_on_any_backend(tmp_path):
+    record = _parity(tmp_path, str(ROOT / "tests" / "fixtures" / "frozen.py"), "--backends", EVERY_BACKEND)
+    initial = np.load(tmp_path / "parity" / "initial_weights.npz")
+    for target in ["reference", *EVERY_BACKEND.split(",")]:
+        with np.load(tmp_path / "parity" / "states" / f"{target}.npz") as got:
+            np.testing.assert_array_equal(got["fc1.weight"], initial["fc1.weight"])     # frozen, weight decay on
+            assert not np.array_equal(got["out.weight"], initial["out.weight"])
+    assert record["passed"]
