@@ -37,7 +37,7 @@ program = xb.Program(
     model=CNN,
     loss=loss,
     data=xb.data.Digits(batch_size=64),
-    optimizer=xb.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
+    optimizer=xb.SGD(lr=0.01, momentum=0.9, weight_decay=1e-4),
     precision="fp32",
     mesh=xb.Mesh(data=-1),
     sharding=xb.Sharding(batch=("data",)),

@@ -8,7 +8,13 @@
   On CPU and in multi-device SPMD, XLA expands ``ragged_dot`` into a dense masked matmul over the groups (g times the
   FLOPs of the grouped product); single-device GPU and TPU keep it ragged.
 
-Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forward and backward.
+- ``aten::native_batch_norm`` and ``aten::_native_batch_norm_legit`` in training mode (BatchNorm layers), replacing
+  torchax's: torch updates the running mean and variance in place (the variance with Bessel's correction, n/(n-1));
+  torchax 0.0.13 computes the new statistics but drops them (and without the correction). Here the update is done
+  as torch does it, in place on the buffers, which the lowered loss then reads back.
+
+Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forward and backward; the model zoo
+(tests/test_model_zoo.py) trains BatchNorm models and compares the buffers.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import jax.numpy as jnp
 import torch
 
 from xbridge.errors import LoweringError
+
+from .._torch.batch_norm import batch_norm, batch_norm_no_training
 
 
 def _group_sizes(offs: jax.Array) -> jax.Array:
@@ -56,8 +64,18 @@ def register() -> None:
     from torchax.ops import ops_registry
 
     env = torchax.default_env()
-    for op, impl in ((torch.ops.aten._grouped_mm.default, grouped_mm),):
+    jax_ops: list[tuple[Any, Any]] = [(torch.ops.aten._grouped_mm.default, grouped_mm)]
+    for op, impl in jax_ops:
         if op in ops_registry.all_aten_ops:      # torchax gained its own: keep it
             continue
         ops_registry.register_torch_dispatch_op(op, impl, is_jax_function=True, is_user_defined=True)
         env._ops[op] = ops_registry.all_aten_ops[op]
+    # replacements of torchax's own, in torch ops (they mutate their arguments, as the aten schema says)
+    aten = torch.ops.aten
+    torch_ops: list[tuple[Any, Any]] = [(aten.native_batch_norm, batch_norm),
+                                        (aten._native_batch_norm_legit, batch_norm),
+                                        (aten._native_batch_norm_legit_no_training, batch_norm_no_training)]
+    for packet, impl in torch_ops:
+        for key in (packet, packet.default):
+            env._ops[key] = ops_registry.Operator(key, impl, is_jax_function=False, is_user_defined=True,
+                                                  needs_env=False, is_view_op=False)
