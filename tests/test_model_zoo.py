@@ -37,6 +37,12 @@ def test_moe_with_the_experts_split_over_four_devices(tmp_path):
     assert all(r["devices"] == 4 for r in record["targets"])
 
 
+def test_the_shipped_moe_matches_the_reference_on_every_backend(tmp_path):
+    """programs/moe.py: top-2 routing, the load-balancing loss; its experts are split over the `expert` axis at 4
+    devices by test_moe_with_the_experts_split_over_four_devices's model family."""
+    _parity(tmp_path, str(PROGRAMS / "moe.py"), "--backends", EVERY_BACKEND)
+
+
 def test_batchnorm_buffers_are_trained_on_every_backend(tmp_path):
     """The shipped CNN: running mean and variance and the batch counter come back as eager's (parity compares every
     buffer; the counter exactly)."""

@@ -128,10 +128,10 @@ class JaxExecutable(Executable):
 
     def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
                               float_dtype: Any) -> list[str]:
-        """The parameters the loss reads (in the traced loss of one micro-batch) and that are not frozen. torch gives
-        a parameter the loss never reaches, or one with ``requires_grad=False``, no gradient (``grad is None``), and
-        torch.optim then skips it: no update, no weight decay, no state. JAX would give it a gradient and update or
-        decay it; the optimizer here sees only these."""
+        """The parameters the loss reads (in the traced loss of one micro-batch). torch gives a parameter the loss
+        never reaches no gradient (``grad is None``), and torch.optim then skips it: no update, no weight decay,
+        no state. JAX would give it a zero gradient and decay it; the optimizer here sees only these. (A frozen
+        parameter, ``requires_grad=False``, is not among them at all: torchax keeps it with the buffers.)"""
         accum = self.program.step.grad_accum
         batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
                  for k, v in checked_batch(self.program.data, 0, self.program.seed).items()}
@@ -145,9 +145,7 @@ class JaxExecutable(Executable):
         read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
-        frozen = {self.lowered.canonical[n] for n, p in self.lowered.module._model.named_parameters(
-            remove_duplicate=False) if not p.requires_grad}
-        return [n for n in self.lowered.param_names if n in used and n not in frozen]
+        return [n for n in self.lowered.param_names if n in used]
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""

@@ -77,8 +77,9 @@ class LoweredLoss:
         self.module = interop.JittableModule(model, dedup_parameters=True)
         self.tracker = ModuleTracker(model)
         ids = {id(t): name for name, t in self.module.params.items()}
-        # every parameter name (tied ones included) -> the name it is trained under
-        self.canonical = {n: ids[id(t)] for n, t in model.named_parameters(remove_duplicate=False)}
+        # every parameter name (tied ones included) -> the name it is trained under; torchax keeps a frozen
+        # parameter (requires_grad=False) with the buffers: it is never trained, as torch.optim never updates it
+        self.canonical = {n: ids[id(t)] for n, t in model.named_parameters(remove_duplicate=False) if id(t) in ids}
         self.hint: hints.Handler | None = None
 
     @property
