@@ -294,3 +294,27 @@ def test_grouped_mm_lowering_matches_torch_forward_and_backward():
     np.testing.assert_allclose(np.asarray(ops.grouped_mm(jnp.asarray(at.numpy()), jnp.asarray(dy.numpy()),
                                                          jnp.asarray(offs.numpy()))),
                                torch._grouped_mm(at, dy, offs=offs).numpy(), atol=1e-5)
+
+
+def test_a_data_dependent_shape_is_one_line_naming_the_module(mlp_program):
+    """Boolean indexing (a shape computed from tensor data) cannot be traced with static shapes: one line naming the
+    module and the ways out, not JAX's tracer error."""
+    from torch import nn
+
+    class Positive(nn.Module):
+        def forward(self, x):
+            return x[x > 0].sum() * torch.ones(1)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+            self.keep = Positive()
+
+        def forward(self, x):
+            return self.fc(x) + self.keep(x)
+
+    program = mlp_program.replace(name="masked", model=Model, sharding=xb.Sharding())
+    with pytest.raises(LoweringError, match=r"module 'keep' of program 'masked' computes a shape or a Python value "
+                                            r"from tensor data .* run it on eager or inductor"):
+        prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1))

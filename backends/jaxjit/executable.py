@@ -292,7 +292,8 @@ class JaxExecutable(Executable):
         out = {}
         for key, value in batch.items():
             array = to_jax_dtype(value, float_dtype)
-            if one_device and array.flags.c_contiguous and array.ctypes.data % 64 == 0:
+            # numpy's DLPack export knows the standard dtypes only (not ml_dtypes' bfloat16)
+            if one_device and array.dtype.kind in "biuf" and array.flags.c_contiguous and array.ctypes.data % 64 == 0:
                 out[key] = jax.device_put(jax.dlpack.from_dlpack(array), self.batch_sharding)   # no copy
             else:
                 out[key] = jax.device_put(array, self.batch_sharding)

@@ -100,6 +100,14 @@ class LoweredLoss:
             raise LoweringError(f"torchax cannot lower torch operator {op} (in module {self.tracker.current!r} of "
                                 f"program {self.program.name!r}); rewrite that part of the model with supported "
                                 "ops or run it on another backend") from None
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                jax.errors.NonConcreteBooleanIndexError) as exc:
+            raise LoweringError(f"module {self.tracker.current!r} of program {self.program.name!r} computes a shape "
+                                f"or a Python value from tensor data ({type(exc).__name__}: nonzero, boolean "
+                                "indexing, .item() or `if tensor:`) inside the compiled step, which JAX traces "
+                                "with static shapes; write it with fixed shapes (masks, torch.where, topk) or run it "
+                                "on eager or inductor (transformers' experts: "
+                                "model.set_experts_implementation('grouped_mm'))") from None
         except AssertionError as exc:
             if "mixed math" not in str(exc):
                 raise
