@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import fingerprint
+from .contract import positive_int
 from .files import existing_file
 from .order import positions, record_index
 
@@ -69,8 +70,7 @@ class Arrays:
         else:
             raise ConfigError(f"{owner}: source must be a .npz/.npy/.safetensors path or a non-empty dict of arrays, "
                               f"got {type(source).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"{owner}: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, f"{owner}: batch_size")
         lengths = {k: (v.shape[0] if v.ndim else None) for k, v in self.arrays.items()}
         if not self.arrays or any(n is None for n in lengths.values()):
             raise ConfigError(f"{owner}: every array needs dimension 0 (the examples); got shapes "

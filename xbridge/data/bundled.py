@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir.serialize import register
+from .contract import positive_int
 
 
 def _rng(seed: int, step: int, stream: int) -> np.random.Generator:
@@ -23,8 +24,7 @@ def _rng(seed: int, step: int, stream: int) -> np.random.Generator:
 
 
 def _check_batch(owner: str, batch_size: object) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"{owner} batch_size must be a positive int, got {batch_size!r}")
+    positive_int(batch_size, f"{owner} batch_size")
 
 
 @functools.lru_cache(maxsize=4)

@@ -34,6 +34,12 @@ def source_name(source: Any) -> str:
     return type(source).__qualname__
 
 
+def positive_int(value: object, what: str) -> None:
+    """The one check of a count field (batch sizes, lengths): an int >= 1, bools refused."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive int, got {value!r}")
+
+
 def check_source(source: Any, owner: str) -> None:
     """Refuse, in one line, an object that cannot be a data source."""
     if source is None:
@@ -43,9 +49,7 @@ def check_source(source: Any, owner: str) -> None:
     if not callable(batch):
         raise ConfigError(f"{owner}: data {source_name(source)} has no batch(step, seed) method (a data source "
                           "gives the global batch of a step as a dict of numpy arrays)")
-    size = getattr(source, "batch_size", None)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"{owner}: data {source_name(source)} batch_size must be a positive int, got {size!r}")
+    positive_int(getattr(source, "batch_size", None), f"{owner}: data {source_name(source)} batch_size")
 
 
 def _json_ready(value: Any) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .contract import DataError, source_name
+from .contract import DataError, positive_int, source_name
 from .order import positions, record_index
 
 
@@ -42,8 +42,7 @@ class Records:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ConfigError(f"{owner}: the data set needs __len__ and __getitem__ (a map-style data set); an "
                               "iterable-only data set cannot give step k's batch without reading steps 0..k-1")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"{owner}: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, f"{owner}: batch_size")
         if collate_fn is not None and not callable(collate_fn):
             raise ConfigError(f"{owner}: collate_fn must be callable, got {type(collate_fn).__name__}")
         self.dataset, self.batch_size, self.collate_fn, self.shuffle = dataset, batch_size, collate_fn, bool(shuffle)

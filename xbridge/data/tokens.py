@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..ir.serialize import register
 from . import fingerprint
 from .bundled import _rng
-from .contract import DataError
+from .contract import DataError, positive_int
 from .files import existing_file
 
 TOKEN_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
@@ -47,9 +47,7 @@ class TokenFile:
     def __post_init__(self) -> None:
         owner = f"TokenFile {self.path!r}"
         for name in ("seq_len", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{owner}: {name} must be a positive int, got {value!r}")
+            positive_int(getattr(self, name), f"{owner}: {name}")
         if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int)
                                             or self.vocab_size < 1):
             raise ConfigError(f"{owner}: vocab_size must be a positive int or None, got {self.vocab_size!r}")
