@@ -20,8 +20,11 @@ def _parity(tmp_path, program, *extra):
     proc = run_cli("parity", program, "--steps", "10", "--format", "json", "--out", str(tmp_path / "parity"), *extra)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     record = json.loads(proc.stdout)
-    failed = [(r["target"], r.get("error") or (r["max_loss_dev"], r["max_param_dev"], r["max_param_dev_at"]))
+    failed = [(r["target"], r.get("error") or (r["max_loss_dev"], r["first_failing_step"], r["max_param_dev"],
+                                                r["max_param_dev_at"], r["losses"]))
               for r in record["targets"] if r["verdict"] != "pass"]
+    if failed:
+        failed.append(("reference", record["reference"]["losses"]))
     assert not failed and proc.returncode == 0, failed
     return record
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch_xla
+import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
@@ -184,10 +185,16 @@ class XlaExecutable(TorchTrainState):
         torch_xla.sync()
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        for value in tensors.values():
-            xs.mark_sharding(value, self.mesh, self._spec(self.plan.batch, value.dim()))
-        return tensors
+        """Each array is sent to the devices already sharded, by ``xm.send_cpu_data_to_device`` with the batch's
+        ``ShardingSpec``: the call torch_xla's own loader (``MpDeviceLoader``) makes on its background threads
+        while the step runs. Marking the sharding of a tensor already on the device instead re-lays its data out
+        there, which is not safe beside a running step (the run loop calls this on its prefetch thread)."""
+        host = batch_to_torch(batch, torch.device("cpu"), self.program.precision)
+        out = {}
+        for key, value in host.items():
+            spec = xs.ShardingSpec(self.mesh, self._spec(self.plan.batch, value.dim()))
+            (out[key],) = xm.send_cpu_data_to_device(value.clone(), self.device, input_sharding=spec)
+        return out
 
     def step(self, batch: Any) -> dict[str, float]:
         tensors = self.put(batch) if on_host(batch) else batch
