@@ -2,8 +2,8 @@
 
 ``torchax.interop.JittableModule.functional_call`` runs ``program.loss(model, batch)`` with the module's parameters
 replaced by the arrays we pass (torchax tensors wrapping JAX tracers), so the user's loss and model run unchanged.
-Compute precision uses torchax's autocast (the same op policy as torch.autocast); ``xb.shard`` hints become
-``jax.lax.with_sharding_constraint`` through a handler installed for the trace.
+Compute precision uses torchax's autocast with torch.autocast's policy and state (autocast.py); ``xb.shard`` hints
+become ``jax.lax.with_sharding_constraint`` through a handler installed for the trace.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import torch
 import torchax
-from torchax import amp, interop
-from torchax.amp import CastPolicy, autocast
+from torchax import interop
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
@@ -25,22 +24,9 @@ from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
 
 from .._torch.train import torch_dtype
+from . import autocast
 
-# torchax 0.0.13's autocast policy is keyed on aten ops, but torchax lowers some torch functions before they reach
-# aten (F.linear, F.scaled_dot_product_attention, torch.einsum, ...): without these entries they would stay in the
-# parameter dtype under autocast, unlike torch.autocast, which sees their aten decomposition. Measured: without
-# them a bf16-mixed GPT step ran every matmul in float32 on jax.
-FUNCTION_AUTOCAST_POLICY = {
-    torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,
-    torch.nn.functional.scaled_dot_product_attention: CastPolicy.LOWER_PRECISION_FP,
-    torch.einsum: CastPolicy.LOWER_PRECISION_FP,
-    torch.cdist: CastPolicy.FP32,
-    torch.linalg.solve: CastPolicy.FP32,
-    torch.linalg.svd: CastPolicy.FP32,
-    torch.svd: CastPolicy.FP32,
-}
-for _func, _policy in FUNCTION_AUTOCAST_POLICY.items():
-    amp.autocast_policy.setdefault(_func, _policy)
+autocast.install()
 
 
 class ModuleTracker:
@@ -90,8 +76,7 @@ class LoweredLoss:
                  batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
-        amp = (autocast("jax", dtype=torch_dtype(precision.compute), env=self.env) if precision.mixed
-               else contextlib.nullcontext())
+        amp = autocast.compute_autocast(self.env, torch_dtype(precision.compute) if precision.mixed else None)
         try:
             with self.env, amp, hints.activate(self.hint):
                 loss = self.module.functional_call(self.program.loss, p, b, tb)

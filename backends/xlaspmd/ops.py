@@ -15,6 +15,8 @@ program is lowered (``torch.library``, dispatch key ``XLA``: only XLA tensors ta
 - ``aten::histc`` on integer input (transformers counts tokens per expert with it): torch_xla runs histc on the CPU,
   whose kernel takes floating input only. Here it is a one-hot count, the same static shape for any input.
 
+- torch.autocast's CPU policy at ``AutocastXLA`` where torch_xla's own list differs (backends/xlaspmd/autocast.py).
+
 Tests: tests/test_xla_backend.py compares each case with torch on the CPU, forward and backward.
 """
 
@@ -28,6 +30,7 @@ import torch
 from xbridge.errors import LoweringError
 
 from .._torch.batch_norm import batch_norm
+from . import autocast
 
 _LIBRARY: list[torch.library.Library] = []
 
@@ -87,4 +90,5 @@ def register() -> None:
         warnings.filterwarnings("ignore", message="Warning only once for all operators")
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
         library.impl("native_batch_norm", batch_norm, "XLA")
+    autocast.register(library)
     _LIBRARY.append(library)

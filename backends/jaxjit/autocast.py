@@ -1,0 +1,69 @@
+"""torch.autocast's semantics for torchax (bf16-mixed, fp16-mixed on jax).
+
+torchax 0.0.13 applies a copy of torch's CPU op policy (``torchax.amp.autocast_policy``) whenever its environment
+has an ``autocast_dtype``, through ``torchax.amp.execute_policy``. Two things differ from torch.autocast, and real
+models meet both (a Hugging Face Llama's rotary embedding):
+
+- its ``promote`` reads ``.dtype`` off every argument and crashes on a list (``torch.cat((freqs, freqs))``);
+- it ignores the model's own ``torch.autocast(..., enabled=False)`` regions, so what the model computes in float32
+  on purpose (the rotary angles) would run in bfloat16.
+
+Here the policy function is replaced by torch's (backends/_torch/autocast.py: lists included, float64 left alone),
+and it reads torch's own autocast state for the ``jax`` device type, which torch tracks with nesting like any other
+(torchax registers ``jax`` as torch's privateuse1 backend): the step runs inside ``torch.autocast("jax", dtype)``,
+and a model's ``torch.autocast(device_type=x.device.type, enabled=False)`` turns the casts off inside its region.
+
+torchax also lowers some torch functions before they reach aten (``F.linear``, ``F.scaled_dot_product_attention``,
+``torch.einsum``, ...), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
+policy for the aten ops they decompose into. Measured: without it a bf16-mixed GPT step ran every matmul in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torchax import amp
+from torchax.amp import CastPolicy
+
+from .._torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
+
+FUNCTION_POLICY = {
+    torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,
+    torch.nn.functional.scaled_dot_product_attention: CastPolicy.LOWER_PRECISION_FP,
+    torch.einsum: CastPolicy.LOWER_PRECISION_FP,
+    torch.cdist: CastPolicy.FP32,
+    torch.linalg.solve: CastPolicy.FP32,
+    torch.linalg.svd: CastPolicy.FP32,
+    torch.svd: CastPolicy.FP32,
+}
+_POLICY = {CastPolicy.LOWER_PRECISION_FP: LOWER, CastPolicy.FP32: FP32, CastPolicy.PROMOTE: PROMOTE}
+
+
+def execute_policy(policy: CastPolicy, args: Any, kwargs: Any, target_lower_fp: torch.dtype) -> tuple[Any, Any]:
+    """torchax's hook, with torch's semantics; the dtype is torch's current autocast dtype for ``jax``."""
+    if not torch.is_autocast_enabled("jax"):
+        return args, kwargs
+    return cast_inputs(_POLICY[policy], args, kwargs, torch.get_autocast_dtype("jax"))
+
+
+def install() -> None:
+    """Once per process, before anything is traced."""
+    for func, policy in FUNCTION_POLICY.items():
+        amp.autocast_policy.setdefault(func, policy)
+    amp.execute_policy = execute_policy
+
+
+@contextlib.contextmanager
+def compute_autocast(env: Any, dtype: torch.dtype | None) -> Iterator[None]:
+    """The step's autocast: ``dtype`` (the precision's compute dtype when it is mixed) or none. torchax consults
+    the policy only while its environment has an autocast dtype, so it always has one here; torch's autocast state
+    for ``jax`` decides (off unless the step or the model turns it on)."""
+    with env.override_property(autocast_dtype=dtype or torch.bfloat16):
+        if dtype is None:
+            yield
+        else:
+            with torch.autocast("jax", dtype=dtype):
+                yield
