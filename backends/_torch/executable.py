@@ -14,6 +14,7 @@ from xbridge.backend import on_host
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
+from .matmul_census import count_torch
 from .module_outputs import trace_torch
 from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
@@ -68,6 +69,10 @@ class TorchExecutable(TorchTrainState):
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
+
+    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return count_torch(self.program, self.model, tensors, self.device.type, self._hints)
 
     def device_kind(self) -> str | None:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None

@@ -187,6 +187,9 @@ class DistributedExecutable(Executable):
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._call("trace_modules", batch)[0]
 
+    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        return self._call("matmul_dtypes", batch)[0]
+
     def layout(self) -> dict[str, dict[str, Any]]:
         return self._call("layout")[0]
 

@@ -9,9 +9,12 @@ models meet both (a Hugging Face Llama's rotary embedding):
   on purpose (the rotary angles) would run in bfloat16.
 
 Here the policy function is replaced by torch's (backends/_torch/autocast.py: lists included, float64 left alone),
-and it reads torch's own autocast state for the ``jax`` device type, which torch tracks with nesting like any other
-(torchax registers ``jax`` as torch's privateuse1 backend): the step runs inside ``torch.autocast("jax", dtype)``,
-and a model's ``torch.autocast(device_type=x.device.type, enabled=False)`` turns the casts off inside its region.
+and it follows torch's own autocast state for the ``jax`` device type, which torch tracks with nesting like any
+other (torchax registers ``jax`` as torch's privateuse1 backend): the step runs inside ``torch.autocast("jax",
+dtype)``, and a model's ``torch.autocast(device_type=x.device.type, enabled=False)`` turns the casts off inside its
+region. torch hides that state below the dispatcher's autocast keys, where torchax handles aten operators
+(``torch.is_autocast_enabled`` reads False there), so :class:`AutocastState`, a function mode, reads it at each torch
+call above them and the hook uses that reading.
 
 torchax also lowers some torch functions before they reach aten (``F.linear``, ``F.scaled_dot_product_attention``,
 ``torch.einsum``, ...), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
@@ -21,16 +24,20 @@ policy for the aten ops they decompose into. Measured: without it a bf16-mixed G
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torchax import amp
 from torchax.amp import CastPolicy
 
 from .._torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
+from .._torch.matmul_census import dtype_name, first_floating
 
-FUNCTION_POLICY = {
+FUNCTION_POLICY: dict[Any, CastPolicy] = {
     torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,
     torch.nn.functional.scaled_dot_product_attention: CastPolicy.LOWER_PRECISION_FP,
     torch.einsum: CastPolicy.LOWER_PRECISION_FP,
@@ -42,17 +49,54 @@ FUNCTION_POLICY = {
 _POLICY = {CastPolicy.LOWER_PRECISION_FP: LOWER, CastPolicy.FP32: FP32, CastPolicy.PROMOTE: PROMOTE}
 
 
-def execute_policy(policy: CastPolicy, args: Any, kwargs: Any, target_lower_fp: torch.dtype) -> tuple[Any, Any]:
-    """torchax's hook, with torch's semantics; the dtype is torch's current autocast dtype for ``jax``."""
-    if not torch.is_autocast_enabled("jax"):
-        return args, kwargs
-    return cast_inputs(_POLICY[policy], args, kwargs, torch.get_autocast_dtype("jax"))
+class Entry(NamedTuple):
+    """What torchax's table holds per operator once installed (it hands the value back to the hook as is)."""
+
+    policy: str
+    product: bool       # a matrix product (the lower-precision list but prelu): counted by :func:`census`
+
+
+_census: list[Counter[str]] = []
+_state = threading.local()      # .dtype: the autocast dtype for "jax" at the latest torch call, None when off
+
+
+class AutocastState(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        _state.dtype = torch.get_autocast_dtype("jax") if torch.is_autocast_enabled("jax") else None
+        return func(*args, **(kwargs or {}))
+
+
+def execute_policy(entry: Entry, args: Any, kwargs: Any, target_lower_fp: torch.dtype) -> tuple[Any, Any]:
+    """torchax's hook, with torch's semantics, in the autocast dtype :class:`AutocastState` last read."""
+    dtype = getattr(_state, "dtype", None)
+    if dtype is not None:
+        args, kwargs = cast_inputs(entry.policy, args, kwargs, dtype)
+    if _census and entry.product:
+        tensor = first_floating(args)
+        if tensor is not None:
+            _census[-1][dtype_name(tensor.dtype)] += 1
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def census() -> Iterator[Counter[str]]:
+    """Count the matrix products traced inside by the dtype they compute in."""
+    _census.append(Counter())
+    try:
+        yield _census[-1]
+    finally:
+        _census.pop()
 
 
 def install() -> None:
     """Once per process, before anything is traced."""
-    for func, policy in FUNCTION_POLICY.items():
-        amp.autocast_policy.setdefault(func, policy)
+    if amp.execute_policy is execute_policy:
+        return
+    table = {**FUNCTION_POLICY, **amp.autocast_policy}
+    amp.autocast_policy.clear()
+    for func, policy in table.items():
+        name = getattr(getattr(func, "overloadpacket", func), "__name__", "")
+        amp.autocast_policy[func] = Entry(_POLICY[policy], policy is CastPolicy.LOWER_PRECISION_FP and name != "prelu")
     amp.execute_policy = execute_policy
 
 
@@ -61,9 +105,9 @@ def compute_autocast(env: Any, dtype: torch.dtype | None) -> Iterator[None]:
     """The step's autocast: ``dtype`` (the precision's compute dtype when it is mixed) or none. torchax consults
     the policy only while its environment has an autocast dtype, so it always has one here; torch's autocast state
     for ``jax`` decides (off unless the step or the model turns it on)."""
-    with env.override_property(autocast_dtype=dtype or torch.bfloat16):
-        if dtype is None:
+    with env.override_property(autocast_dtype=dtype or torch.bfloat16), \
+            torch.autocast("jax", dtype=dtype or torch.bfloat16, enabled=dtype is not None), AutocastState():
+        try:
             yield
-        else:
-            with torch.autocast("jax", dtype=dtype):
-                yield
+        finally:
+            _state.dtype = None

@@ -387,6 +387,14 @@ class JaxExecutable(Executable):
             self.lowered(self.state["params"], self.state["buffers"], self.put(batch))
         return out
 
+    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """Counted while the loss is traced (``jax.eval_shape``: nothing compiled or run)."""
+        from . import autocast
+
+        with autocast.census() as counts, matmul_precision(self.program.precision.compute):
+            jax.eval_shape(self.lowered, self.state["params"], self.state["buffers"], self.put(batch))
+        return dict(sorted(counts.items()))
+
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
                 for n, a in self.state["params"].items()}

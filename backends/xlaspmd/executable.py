@@ -251,6 +251,13 @@ class XlaExecutable(TorchTrainState):
         torch_xla.sync()
         return outputs
 
+    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """Counted on lazy tensors as they are traced; the graph is dropped, never executed."""
+        from .._torch.matmul_census import count_torch
+
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return count_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
+
     def layout(self) -> dict[str, dict[str, Any]]:
         out = {}
         for name, param in self.model.named_parameters():

@@ -150,6 +150,11 @@ class Executable(ABC):
         """Each module's first floating output of one forward pass of the loss (no update), in execution order."""
         raise LoweringError(f"{type(self).__name__} cannot record module outputs (--trace-modules, parity --bisect)")
 
+    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """The matrix products of one forward pass of the loss (eval mode, no update) counted by the dtype they
+        compute in, under the step's precision (backends/_torch/matmul_census.py); None: not known."""
+        return None
+
     def layout(self) -> dict[str, dict[str, Any]]:
         """Per trained parameter, as the runtime reports it: ``{"spec": str, "shard_shapes": [[...], ...]}``."""
         return {}

@@ -175,6 +175,9 @@ def run(
                                                                                   "(shapes must still match)."),
     prefetch: bool = typer.Option(True, "--prefetch/--no-prefetch", help="Load the next batch while the current "
                                                                          "step runs (docs/data.md)."),
+    matmul_dtypes: bool = typer.Option(False, "--matmul-dtypes", help="After the run, count the matrix products of "
+                                                                      "one forward pass by the dtype they compute in "
+                                                                      "(docs/parity.md)."),
     format: Format = typer.Option(Format.human, "--format", help="human: progress bar and table; json: one JSON "
                                                                  "document on stdout."),
 ) -> None:
@@ -189,7 +192,7 @@ def run(
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                         allow_config_change=allow_config_change, prefetch=prefetch)
+                         allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes)
     prog = _load(program, precision, seed, mesh)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:

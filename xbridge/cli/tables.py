@@ -143,6 +143,9 @@ def print_parity(record: dict[str, Any]) -> None:
         columns.append("vs fp32 loss dev")
     if bisect:
         columns.append("first divergent module")
+    census = any("matmul_dtypes" in r for r in record["targets"])
+    if census:
+        columns.append("matmul dtypes (forward)")
     for col in columns:
         table.add_column(col)
     for r in record["targets"]:
@@ -161,6 +164,11 @@ def print_parity(record: dict[str, Any]) -> None:
         if bisect:
             found = r.get("first_divergent_module")
             cells.append("none" if found is None else f"{escape(found['module'])} ({found['deviation']:.2e})")
+        if census:
+            counts = r.get("matmul_dtypes")
+            text = "-" if counts is None else ", ".join(f"{n} {d}" for d, n in counts.items())
+            cells.append(text + (f" [red]{escape(r['matmul_dtypes_mismatch'])}[/]" if r.get("matmul_dtypes_mismatch")
+                                 else ""))
         table.add_row(*cells)
     console.print(table)
 

@@ -52,18 +52,24 @@ class TargetOutcome:
         return self.run.result.losses
 
     @property
+    def matmul_dtypes(self) -> dict[str, int] | None:
+        return self.run.result.summary.matmul_dtypes if self.run.result is not None else None
+
+    @property
     def eval_losses(self) -> list[float]:
         assert self.run.result is not None
         return [e.loss for e in self.run.result.evals]
 
 
 def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weights_file: Path,
-         precision: str | None, tag: str) -> TargetOutcome:
+         precision: str | None, tag: str, census: bool = False) -> TargetOutcome:
     state = out / "states" / f"{tag}.npz"
     trace = out / "traces" / f"{tag}.npz"
     extra = ["--init-state", str(weights_file), "--save-state", str(state)]
     if options.bisect:
         extra += ["--trace-modules", str(trace)]
+    if census:
+        extra += ["--matmul-dtypes"]
     child = ChildOptions(steps=options.steps, warmup=min(2, options.steps - 1), devices=options.devices,
                          precision=precision, mesh=options.mesh, timeout_s=options.timeout_s, extra=extra)
     outcome = TargetOutcome(run_target(program_ref, target, child, out / "runs" / tag))
@@ -82,7 +88,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     targets = [t for t in resolve_targets(options.targets) if t != REFERENCE] or [REFERENCE]
     out.mkdir(parents=True, exist_ok=True)
     weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
-    ref = _run(program_ref, REFERENCE, options, out, weights_file, options.precision, "reference")
+    census = program.precision.name != "fp32"     # which dtype the matmuls ran in: compared below
+    ref = _run(program_ref, REFERENCE, options, out, weights_file, options.precision, "reference", census)
     if progress:
         progress(f"{REFERENCE} (reference)", ref.run.to_json())
     if ref.run.status != "ok":
@@ -94,7 +101,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     tol = policy.tolerance(program.precision)
     rows = []
     for target in targets:
-        row = _run(program_ref, target, options, out, weights_file, options.precision, target)
+        row = _run(program_ref, target, options, out, weights_file, options.precision, target, census)
         entry: dict[str, Any] = {"target": target, "status": row.run.status, "devices": row.run.devices}
         if row.run.result is None or row.state is None:
             entry |= {"verdict": "error", "error": row.run.error}
@@ -105,13 +112,17 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             rel = np.abs(np.array(row.losses) - np.array(ref.losses)) / np.abs(np.array(ref.losses))
             failing = np.flatnonzero(~(rel <= tol.loss_rtol))
             evals = policy.loss_deviation(ref.eval_losses, row.eval_losses, tol) if ref.eval_losses else None
+            dtypes = policy.matmul_dtype_mismatch(ref.matmul_dtypes, row.matmul_dtypes)
             entry |= {
-                "verdict": "pass" if loss.ok and params.ok and (evals is None or evals.ok) else "FAIL",
+                "verdict": "pass" if loss.ok and params.ok and (evals is None or evals.ok) and dtypes is None
+                else "FAIL",
                 "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": tol.loss_rtol,
                 "first_failing_step": int(failing[0]) if failing.size else None,
                 "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": tol.param_rtol,
                 "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
             }
+            if census:
+                entry |= {"matmul_dtypes": row.matmul_dtypes, "matmul_dtypes_mismatch": dtypes}
             if evals is not None:    # the eval losses, under the same limit (index i: the i-th evaluation)
                 entry |= {"max_eval_loss_dev": evals.value, "max_eval_loss_dev_at": evals.where.replace("step", "eval"),
                           "eval_losses": row.eval_losses}
@@ -127,7 +138,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
         "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
         "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
-        "reference": {"target": REFERENCE, "losses": ref.losses, "eval_losses": ref.eval_losses},
+        "reference": {"target": REFERENCE, "losses": ref.losses, "eval_losses": ref.eval_losses,
+                      **({"matmul_dtypes": ref.matmul_dtypes} if census else {})},
         "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
                                                      "losses": fp32.losses if fp32.run.result else None},
         "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows),

@@ -104,3 +104,14 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
         if value > worst or not where:
             worst, where = value, name
     return Deviation(worst, where, tol.param_rtol)
+
+
+def matmul_dtype_mismatch(reference: dict[str, int] | None, target: dict[str, int] | None) -> str | None:
+    """None when the target's matrix products ran in the dtypes the reference's did (which dtypes, not how many:
+    backends decompose attention and linear layers into different numbers of products); else what differs. A
+    backend that cannot count (None) is not judged on it."""
+    if reference is None or target is None:
+        return None
+    if set(reference) == set(target):
+        return None
+    return f"matmul dtypes {sorted(target)} vs reference {sorted(reference)}"

@@ -54,6 +54,7 @@ class RunOptions:
     resume: Path | None = None             # a checkpoint, or a directory whose newest checkpoint is resumed
     allow_config_change: bool = False      # resume a checkpoint written by another program config
     prefetch: bool = True                  # read and place the next batch while the current step runs
+    matmul_dtypes: bool = False            # count the forward's matrix products by dtype after the run
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -254,6 +255,8 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     summary.recompiles_after_warmup = executable.recompiles() if warmup else None
     if summary.recompiles_after_warmup:
         summary.recompile_reasons = executable.recompile_reasons()
+    if options.matmul_dtypes:
+        summary.matmul_dtypes = executable.matmul_dtypes(checked_batch(program.data, start, program.seed))
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
     if options.state_out is not None:
         write_npz(options.state_out, executable.state_dict())

@@ -57,11 +57,13 @@ class RunSummary:
     final_loss: float
     recompiles_after_warmup: int | None = None    # None when nothing ran after warm-up
     recompile_reasons: list[str] | None = None    # only when there were recompiles and the backend knows why
+    matmul_dtypes: dict[str, int] | None = None   # --matmul-dtypes: the forward's matrix products by dtype
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        if data["recompile_reasons"] is None:
-            del data["recompile_reasons"]
+        for optional in ("recompile_reasons", "matmul_dtypes"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
     @classmethod
