@@ -8,12 +8,13 @@ model keeps in float32 on purpose, fails there even when its losses stay within 
 
 Torch backends count below autograd and autocast with a ``TorchDispatchMode`` (:func:`count_torch`): eager and
 inductor on their device (Inductor compiles the graph AOTAutograd traces through the same autocast), xla on lazy
-tensors (nothing is executed). jax counts in its autocast hook (backends/jaxjit/autocast.py).
+tensors (nothing is executed). jax counts the products of the loss's jaxpr (backends/jaxjit/lowering.py), which
+splits attention into its two products.
 
-Attention counts as one product, in the dtype of its output: how ``scaled_dot_product_attention`` is carried out
-below that is the backend's kernel choice, not the precision policy (eager's CPU flash kernel takes bfloat16 and
-accumulates in float32; torch's math path, which XLA takes, upcasts the same bfloat16 values to float32 for its two
-``bmm``; both give bfloat16).
+On the torch backends attention counts as one product, in the dtype of its output: how
+``scaled_dot_product_attention`` is carried out below that is the backend's kernel choice, not the precision
+policy (eager's CPU flash kernel takes bfloat16 and accumulates in float32; torch's math path, which XLA takes,
+upcasts the same bfloat16 values to float32 for its two ``bmm``; both give bfloat16).
 """
 
 from __future__ import annotations

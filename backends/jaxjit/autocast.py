@@ -16,18 +16,18 @@ region. torch hides that state below the dispatcher's autocast keys, where torch
 (``torch.is_autocast_enabled`` reads False there), so :class:`AutocastState`, a function mode, reads it at each torch
 call above them and the hook uses that reading.
 
-torchax also lowers some torch functions before they reach aten (``F.linear``, ``F.scaled_dot_product_attention``,
-``torch.einsum``, ...), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
-policy for the aten ops they decompose into. Measured: without it a bf16-mixed GPT step ran every matmul in float32.
+torchax lowers some torch functions before they reach aten (``F.linear``, ``F.scaled_dot_product_attention``,
+``torch.einsum``, ...), and sees others only after the decomposition that torch casts above (the convolutions reach
+it as ``aten.convolution``), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
+policy. Measured: without it a bf16-mixed GPT step ran every matmul in float32, and a convolution stayed float32.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections import Counter
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -35,12 +35,13 @@ from torchax import amp
 from torchax.amp import CastPolicy
 
 from .._torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
-from .._torch.matmul_census import dtype_name, first_floating
 
 FUNCTION_POLICY: dict[Any, CastPolicy] = {
     torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,
     torch.nn.functional.scaled_dot_product_attention: CastPolicy.LOWER_PRECISION_FP,
     torch.einsum: CastPolicy.LOWER_PRECISION_FP,
+    # torch casts at conv1d/conv2d/conv3d/conv_transpose*, above their decomposition; torchax sees aten.convolution
+    torch.ops.aten.convolution.default: CastPolicy.LOWER_PRECISION_FP,
     torch.cdist: CastPolicy.FP32,
     torch.linalg.solve: CastPolicy.FP32,
     torch.linalg.svd: CastPolicy.FP32,
@@ -49,14 +50,6 @@ FUNCTION_POLICY: dict[Any, CastPolicy] = {
 _POLICY = {CastPolicy.LOWER_PRECISION_FP: LOWER, CastPolicy.FP32: FP32, CastPolicy.PROMOTE: PROMOTE}
 
 
-class Entry(NamedTuple):
-    """What torchax's table holds per operator once installed (it hands the value back to the hook as is)."""
-
-    policy: str
-    product: bool       # a matrix product (the lower-precision list but prelu): counted by :func:`census`
-
-
-_census: list[Counter[str]] = []
 _state = threading.local()      # .dtype: the autocast dtype for "jax" at the latest torch call, None when off
 
 
@@ -66,37 +59,18 @@ class AutocastState(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def execute_policy(entry: Entry, args: Any, kwargs: Any, target_lower_fp: torch.dtype) -> tuple[Any, Any]:
+def execute_policy(policy: CastPolicy, args: Any, kwargs: Any, target_lower_fp: torch.dtype) -> tuple[Any, Any]:
     """torchax's hook, with torch's semantics, in the autocast dtype :class:`AutocastState` last read."""
     dtype = getattr(_state, "dtype", None)
-    if dtype is not None:
-        args, kwargs = cast_inputs(entry.policy, args, kwargs, dtype)
-    if _census and entry.product:
-        tensor = first_floating(args)
-        if tensor is not None:
-            _census[-1][dtype_name(tensor.dtype)] += 1
-    return args, kwargs
-
-
-@contextlib.contextmanager
-def census() -> Iterator[Counter[str]]:
-    """Count the matrix products traced inside by the dtype they compute in."""
-    _census.append(Counter())
-    try:
-        yield _census[-1]
-    finally:
-        _census.pop()
+    if dtype is None:
+        return args, kwargs
+    return cast_inputs(_POLICY[policy], args, kwargs, dtype)
 
 
 def install() -> None:
     """Once per process, before anything is traced."""
-    if amp.execute_policy is execute_policy:
-        return
-    table = {**FUNCTION_POLICY, **amp.autocast_policy}
-    amp.autocast_policy.clear()
-    for func, policy in table.items():
-        name = getattr(getattr(func, "overloadpacket", func), "__name__", "")
-        amp.autocast_policy[func] = Entry(_POLICY[policy], policy is CastPolicy.LOWER_PRECISION_FP and name != "prelu")
+    for func, policy in FUNCTION_POLICY.items():
+        amp.autocast_policy.setdefault(func, policy)
     amp.execute_policy = execute_policy
 
 

@@ -388,12 +388,13 @@ class JaxExecutable(Executable):
         return out
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """Counted while the loss is traced (``jax.eval_shape``: nothing compiled or run)."""
-        from . import autocast
+        """The products of the loss's jaxpr (traced, never compiled): what XLA is handed, attention's two products
+        included."""
+        from .lowering import count_products
 
-        with autocast.census() as counts, matmul_precision(self.program.precision.compute):
-            jax.eval_shape(self.lowered, self.state["params"], self.state["buffers"], self.put(batch))
-        return dict(sorted(counts.items()))
+        with matmul_precision(self.program.precision.compute):
+            jaxpr = jax.make_jaxpr(self.lowered)(self.state["params"], self.state["buffers"], self.put(batch))
+        return count_products(jaxpr.jaxpr)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}

@@ -132,3 +132,26 @@ def matmul_precision(compute: str) -> Iterator[None]:
         yield
 
 
+
+
+PRODUCTS = ("dot_general", "conv_general_dilated", "ragged_dot")
+
+
+def count_products(jaxpr: Any) -> dict[str, int]:
+    """Matrix products of a jaxpr, nested ones included (jit, custom_vjp, scan bodies), by their first operand's
+    dtype (backends/_torch/matmul_census.py: the torch backends' count)."""
+    counts: dict[str, int] = {}
+
+    def walk(inner: Any) -> None:
+        for eqn in inner.eqns:
+            if eqn.primitive.name in PRODUCTS:
+                name = str(eqn.invars[0].aval.dtype)
+                counts[name] = counts.get(name, 0) + 1
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else (param,):
+                    if hasattr(sub, "eqns"):
+                        walk(sub)
+                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        walk(sub.jaxpr)
+    walk(jaxpr)
+    return dict(sorted(counts.items()))
