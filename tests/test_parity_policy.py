@@ -57,6 +57,25 @@ def test_param_deviation_fails_on_one_deviating_tensor_and_names_it(precision):
     assert not policy.param_deviation(ref, {**ref, "b.bias": ref["b.bias"][:4]}, tol).ok
 
 
+def test_a_tensor_the_reference_itself_cannot_pin_down_gets_the_measured_noise_as_its_limit():
+    """bf16: a key bias (zero true gradient) differs between the reference in bf16 and in fp32 by 10% of the floor;
+    a target may differ from the bf16 reference by up to NOISE_FACTOR times that there, and only there."""
+    tol = policy.tolerance("bf16-mixed")
+    rng = np.random.default_rng(1)
+    ref = {"w": rng.normal(0, 0.1, (16, 8)), "key.bias": rng.normal(0, 1e-3, 8)}
+    shifted = lambda v, rel: v + rel * policy.PARAM_SCALE_FLOOR   # noqa: E731 (an RMS deviation of rel x the floor)
+    ref32 = {"w": ref["w"], "key.bias": shifted(ref["key.bias"], 0.1)}
+    near = {"w": ref["w"], "key.bias": shifted(ref["key.bias"], 0.25)}
+    assert not policy.param_deviation(ref, near, tol).ok                  # without the fp32 reference: 0.25 > 0.03
+    dev = policy.param_deviation(ref, near, tol, ref32)
+    assert dev.ok and dev.where == "key.bias" and dev.limit == pytest.approx(0.1 * policy.NOISE_FACTOR)
+    far = {"w": ref["w"], "key.bias": shifted(ref["key.bias"], 0.35)}
+    assert not policy.param_deviation(ref, far, tol, ref32).ok
+    drifted = {"w": ref["w"] * (1 + 3 * tol.param_rtol), "key.bias": ref["key.bias"]}   # the noise is not lent out
+    dev = policy.param_deviation(ref, drifted, tol, ref32)
+    assert not dev.ok and dev.where == "w" and dev.limit == tol.param_rtol
+
+
 def test_custom_precisions_take_their_lowest_dtype_bound():
     assert policy.tolerance("params=float32,compute=bfloat16,output=float32") == policy.POLICY["bf16-mixed"]
     assert policy.tolerance("params=bfloat16,compute=bfloat16,output=float32") == policy.POLICY["bf16-true"]

@@ -155,7 +155,8 @@ def print_parity(record: dict[str, Any]) -> None:
         cells = [r["target"], "[green]pass[/]" if r["verdict"] == "pass" else "[red]FAIL[/]",
                  f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})",
                  "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
-                 f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"]
+                 f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"
+                 + (f", limit {r['param_limit']:.2g}" if r["param_limit"] > tol["param_rtol"] else "")]
         if evals:
             cells.append(f"{r['max_eval_loss_dev']:.2e} ({r['max_eval_loss_dev_at']})" if "max_eval_loss_dev" in r
                          else "-")

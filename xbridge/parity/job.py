@@ -108,7 +108,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         else:
             assert ref.state is not None
             loss = policy.loss_deviation(ref.losses, row.losses, tol)
-            params = policy.param_deviation(ref.state, row.state, tol)
+            params = policy.param_deviation(ref.state, row.state, tol,
+                                            fp32.state if fp32 is not None and fp32.state is not None else None)
             rel = np.abs(np.array(row.losses) - np.array(ref.losses)) / np.abs(np.array(ref.losses))
             failing = np.flatnonzero(~(rel <= tol.loss_rtol))
             evals = policy.loss_deviation(ref.eval_losses, row.eval_losses, tol) if ref.eval_losses else None
@@ -118,7 +119,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 else "FAIL",
                 "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": tol.loss_rtol,
                 "first_failing_step": int(failing[0]) if failing.size else None,
-                "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": tol.param_rtol,
+                "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": params.limit,
                 "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
             }
             if census:

@@ -4,6 +4,13 @@ Losses are compared step by step as ``|loss - ref| / |ref|``. Parameters are com
 ``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)`` (relative L2 error: a few near-zero elements whose Adam steps
 flip sign do not dominate it, a drifting tensor does). The floor keeps tensors that start at zero (biases) from
 being judged against their own tiny magnitude. Both bounds hold for runs of up to ``horizon`` steps.
+
+In a lower precision the reference itself carries rounding noise, and some tensors amplify it: those whose true
+gradient is zero or nearly so (attention's key bias: softmax ignores a constant shift; a router choosing near ties)
+get Adam steps of full size from nothing but rounding. Parity measures that noise instead of guessing it: the eager
+reference runs again in fp32, and a tensor's limit is ``max(param_rtol, NOISE_FACTOR x`` its own deviation between
+the two references``)``: a target may be about as far from eager-in-bf16 as eager-in-bf16 is from eager-in-fp32,
+tensor by tensor; where the reference is not noisy the limit stays ``param_rtol``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from ..ir.precision import Precision, parse_precision
 # normalises the rounding noise of that zero into full-size steps, so after 20 fp32 steps it differs by about 1e-4
 # of its own RMS (0.003) between backends, 5.1e-5 against the floor, while every other tensor agrees to 1e-6.
 PARAM_SCALE_FLOOR = 0.02
+# Two runs in bf16 differ by about sqrt(2) times what one differs from fp32 (independent rounding each); one tensor
+# is one sample of that noise. Measured on the model zoo (10 steps): up to 2.3x (BERT's key bias, jax).
+NOISE_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -82,28 +92,44 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float], tol: Tol
     return Deviation(float(rel[step]), f"step {step}", tol.loss_rtol)
 
 
-def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarray], tol: Tolerance) -> Deviation:
+def tensor_deviations(reference: dict[str, np.ndarray], params: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per floating tensor: ``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)``; inf where the shapes differ."""
+    out = {}
+    for name, ref in reference.items():
+        got = params.get(name)
+        if not np.issubdtype(ref.dtype, np.floating) or got is None:
+            continue
+        if got.shape != ref.shape:
+            out[name] = float("inf")
+            continue
+        ref64 = ref.astype(np.float64)
+        rms_diff = float(np.sqrt(np.mean((got.astype(np.float64) - ref64) ** 2))) if ref.size else 0.0
+        value = rms_diff / max(float(np.sqrt(np.mean(ref64 ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
+        out[name] = value if np.isfinite(value) else float("inf")
+    return out
+
+
+def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarray], tol: Tolerance,
+                    reference_fp32: dict[str, np.ndarray] | None = None) -> Deviation:
+    """The tensor farthest beyond its limit (``value`` and ``limit`` are that tensor's). ``reference_fp32``: the
+    reference's own run in fp32, which sets each tensor's noise allowance (module docstring)."""
     missing = sorted(set(reference) ^ set(params))
     if missing:
         return Deviation(float("inf"), f"names differ: {missing[:3]}", tol.param_rtol)
-    worst, where = 0.0, ""
     for name, ref in reference.items():
         got = params[name]
         if not np.issubdtype(ref.dtype, np.floating):    # counters (BatchNorm's num_batches_tracked): exactly
             if got.shape != ref.shape or not np.array_equal(got, ref):
                 return Deviation(float("inf"), f"{name}: {got.ravel()[:4].tolist()} vs {ref.ravel()[:4].tolist()}",
                                  tol.param_rtol)
-            continue
-        if got.shape != ref.shape:
-            return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
-        ref64 = ref.astype(np.float64)
-        rms_diff = float(np.sqrt(np.mean((got.astype(np.float64) - ref64) ** 2))) if ref.size else 0.0
-        value = rms_diff / max(float(np.sqrt(np.mean(ref64 ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
-        if not np.isfinite(value):
-            value = float("inf")
-        if value > worst or not where:
-            worst, where = value, name
-    return Deviation(worst, where, tol.param_rtol)
+    values = tensor_deviations(reference, params)
+    noise = tensor_deviations(reference, reference_fp32) if reference_fp32 is not None else {}
+    worst: Deviation | None = None
+    for name, value in values.items():
+        limit = max(tol.param_rtol, NOISE_FACTOR * noise.get(name, 0.0))
+        if worst is None or value / limit > worst.value / worst.limit:
+            worst = Deviation(value, name, limit)
+    return worst or Deviation(0.0, "", tol.param_rtol)
 
 
 def matmul_dtype_mismatch(reference: dict[str, int] | None, target: dict[str, int] | None) -> str | None:
