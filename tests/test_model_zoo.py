@@ -1,6 +1,7 @@
 """The model zoo: unmodified Hugging Face models of every family (tests/fixtures/hf_zoo.py), each trained 10 steps
-by `xbridge parity` on every backend against the eager reference in fp32; the shipped CNN (BatchNorm buffers) and a
-model with frozen parameters too."""
+by `xbridge parity` on every backend against the eager reference in fp32, bf16-mixed and bf16-true, with the dtypes
+their matmuls ran in compared in the lower precisions; the shipped CNN (BatchNorm buffers) and a model with frozen
+parameters too."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ ZOO = ROOT / "tests" / "fixtures" / "hf_zoo.py"
 EVERY_BACKEND = "inductor-cpu,jax-cpu,xla-cpu"
 
 
-def _parity(tmp_path, program, *extra):
-    proc = run_cli("parity", program, "--steps", "10", "--format", "json", "--out", str(tmp_path / "parity"), *extra)
+def _parity(tmp_path, program, *extra, steps="10"):
+    proc = run_cli("parity", program, "--steps", steps, "--format", "json", "--out", str(tmp_path / "parity"),
+                   "--jobs", "2", *extra)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     failed = [(r["target"], r.get("error") or (r["max_loss_dev"], r["first_failing_step"], r["max_param_dev"],
@@ -29,10 +31,26 @@ def _parity(tmp_path, program, *extra):
     return record
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-true"])
 @pytest.mark.parametrize("name", ["llama", "moe", "bert", "t5", "resnet"])
-def test_every_family_matches_the_reference_on_every_backend(tmp_path, name):
-    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND)
+def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, precision):
+    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision)
     assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
+    if precision != "fp32":     # what the matmuls ran in, per target, against the reference's
+        expected = set(record["reference"]["matmul_dtypes"])
+        assert "bfloat16" in expected
+        assert all(set(r["matmul_dtypes"]) == expected for r in record["targets"]), record["targets"]
+
+
+def test_a_broken_autocast_policy_fails_parity_on_the_matmul_dtypes(tmp_path):
+    """The jax policy made to cast nothing (tests/fixtures/broken_autocast.py): its losses stay within the bf16
+    tolerance, and parity fails it because its matmuls ran in float32."""
+    proc = run_cli("parity", str(ROOT / "tests" / "fixtures" / "broken_autocast.py"), "--steps", "3", "--backends",
+                   "jax-cpu", "--precision", "bf16-mixed", "--format", "json", "--out", str(tmp_path / "parity"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["targets"]
+    assert row["verdict"] == "FAIL" and row["max_loss_dev"] <= row["loss_limit"], row
+    assert set(row["matmul_dtypes"]) == {"float32"} and "vs reference ['bfloat16']" in row["matmul_dtypes_mismatch"]
 
 
 def test_moe_with_the_experts_split_over_four_devices(tmp_path):

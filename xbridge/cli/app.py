@@ -247,13 +247,15 @@ def parity(
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
     timeout: float = TIMEOUT,
+    jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each its own process (parity compares results, "
+                                               "not timings; mind the memory of N models)."),
     format: Format = FORMAT,
     out: Path = typer.Option(Path("out/parity"), help="Directory for parity.json, the initial weights and each "
                                                       "target's state."),
 ) -> None:
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
     _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
-                  precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout)
+                  precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")

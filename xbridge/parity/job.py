@@ -8,6 +8,7 @@ first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,13 @@ class ParityOptions:
     mesh: str | None = None
     bisect: bool = False
     timeout_s: float = 900.0
+    jobs: int = 1           # runs at a time (parity compares results, not timings: they may share the machine)
 
     def __post_init__(self) -> None:
         if self.steps < 2:
             raise ConfigError(f"parity needs --steps >= 2, got {self.steps}")
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ConfigError(f"parity --jobs must be an int >= 1, got {self.jobs!r}")
 
 
 @dataclass
@@ -89,19 +93,28 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     out.mkdir(parents=True, exist_ok=True)
     weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
     census = program.precision.name != "fp32"     # which dtype the matmuls ran in: compared below
-    ref = _run(program_ref, REFERENCE, options, out, weights_file, options.precision, "reference", census)
-    if progress:
-        progress(f"{REFERENCE} (reference)", ref.run.to_json())
-    if ref.run.status != "ok":
-        first = (ref.run.error or "").splitlines()[0]
-        raise ConfigError(f"the eager reference failed, nothing to compare with: {first}")
-    fp32 = None
+    # (tag, target, precision, census): every run starts from the same weights file, so they are independent;
+    # --jobs N runs N at a time (each its own process), the reference first
+    runs = [("reference", REFERENCE, options.precision, census)]
     if program.precision.name != "fp32":
-        fp32 = _run(program_ref, REFERENCE, options, out, weights_file, "fp32", "reference-fp32")
+        runs.append(("reference-fp32", REFERENCE, "fp32", False))
+    runs += [(target, target, options.precision, census) for target in targets]
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        pending = {tag: pool.submit(_run, program_ref, target, options, out, weights_file, precision, tag, flag)
+                   for tag, target, precision, flag in runs}
+        ref = pending["reference"].result()
+        if progress:
+            progress(f"{REFERENCE} (reference)", ref.run.to_json())
+        if ref.run.status != "ok":
+            pool.shutdown(wait=True, cancel_futures=True)
+            first = (ref.run.error or "").splitlines()[0]
+            raise ConfigError(f"the eager reference failed, nothing to compare with: {first}")
+        fp32 = pending["reference-fp32"].result() if "reference-fp32" in pending else None
+        finished = {target: pending[target].result() for target in targets}
     tol = policy.tolerance(program.precision)
     rows = []
     for target in targets:
-        row = _run(program_ref, target, options, out, weights_file, options.precision, target, census)
+        row = finished[target]
         entry: dict[str, Any] = {"target": target, "status": row.run.status, "devices": row.run.devices}
         if row.run.result is None or row.state is None:
             entry |= {"verdict": "error", "error": row.run.error}
