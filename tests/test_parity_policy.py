@@ -76,6 +76,19 @@ def test_a_tensor_the_reference_itself_cannot_pin_down_gets_the_measured_noise_a
     assert not dev.ok and dev.where == "w" and dev.limit == tol.param_rtol
 
 
+def test_the_loss_limit_widens_to_the_references_own_noise():
+    """A small-batch BatchNorm ResNet in bf16 (the zoo's): the bf16 reference is 5.9% from its fp32 run at step 3,
+    so targets may be 3x that from it; without the fp32 run the bound stays 1.6e-2."""
+    tol = policy.tolerance("bf16-mixed")
+    ref, ref32 = [2.68, 2.27, 2.13, 1.93], [2.68, 2.29, 2.14, 2.05]
+    target = [2.68, 2.28, 2.17, 2.06]
+    assert not policy.loss_deviation(ref, target, tol).ok
+    dev = policy.loss_deviation(ref, target, tol, ref32)
+    assert dev.ok and dev.limit == pytest.approx(3 * 0.12 / 2.05) and dev.where == "step 3"
+    assert not policy.loss_deviation(ref, [2.68, 2.28, 2.17, 2.40], tol, ref32).ok
+    assert policy.loss_deviation(ref, ref, tol, ref).limit == tol.loss_rtol      # a quiet reference lends nothing
+
+
 def test_custom_precisions_take_their_lowest_dtype_bound():
     assert policy.tolerance("params=float32,compute=bfloat16,output=float32") == policy.POLICY["bf16-mixed"]
     assert policy.tolerance("params=bfloat16,compute=bfloat16,output=float32") == policy.POLICY["bf16-true"]

@@ -34,7 +34,8 @@ from .train import eval_mode
 
 # Matrix products as aten operators after decomposition (linear -> addmm/mm, matmul -> mm/bmm, attention kernels)
 PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_addmm_activation", "dot", "mv", "convolution",
-            "_convolution", "_grouped_mm", "linalg_vecdot", "scaled_dot_product_attention"}
+            "_convolution", "_grouped_mm", "linalg_vecdot", "scaled_dot_product_attention",
+            "einsum"}      # torch_xla runs einsum as one operator (the CPU decomposes it into bmm)
 
 
 def is_product(name: str) -> bool:

@@ -26,7 +26,7 @@ from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 
-from .._torch.train import build_model, eval_mode
+from .._torch.train import build_model, eval_mode, tensor_to_numpy
 from . import ops, optimizers
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
@@ -110,7 +110,7 @@ class JaxExecutable(Executable):
             self.specs[name] = next((planned[n] for n in [name, *aliases] if n in planned), ())
         params = {n: jax.device_put(to_jax_dtype(weights[n], float_dtype), NamedSharding(self.mesh, P(*self.specs[n])))
                   for n in self.lowered.param_names}
-        buffers = {n: jax.device_put(to_jax_dtype(b.detach().numpy(), float_dtype), self.replicated)
+        buffers = {n: jax.device_put(to_jax_dtype(tensor_to_numpy(b), float_dtype), self.replicated)   # bf16 too
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         opt = self.tx.init({n: params[n] for n in self.trained})

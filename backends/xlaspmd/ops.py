@@ -47,6 +47,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
     if bias is not None:
         raise LoweringError("torch._grouped_mm with a bias has no kernel on the xla backend (transformers' experts "
                             "pass none); add the bias after the grouped product")
+    with torch.autocast("xla", enabled=False):     # torch autocasts no _grouped_mm: it runs in the dtypes given
+        return _grouped_mm_products(a, b, offs, out_dtype)
+
+
+def _grouped_mm_products(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, out_dtype: Any) -> torch.Tensor:
     if offs is None:
         out = torch.matmul(a, b)
     elif a.dim() == 2 and b.dim() == 3:

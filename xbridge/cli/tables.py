@@ -153,7 +153,8 @@ def print_parity(record: dict[str, Any]) -> None:
             table.add_row(r["target"], "[red]error[/]", escape(r["error"].splitlines()[0]), *[""] * (len(columns) - 3))
             continue
         cells = [r["target"], "[green]pass[/]" if r["verdict"] == "pass" else "[red]FAIL[/]",
-                 f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})",
+                 f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})"
+                 + (f", limit {r['loss_limit']:.2g}" if r["loss_limit"] > tol["loss_rtol"] else ""),
                  "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
                  f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"
                  + (f", limit {r['param_limit']:.2g}" if r["param_limit"] > tol["param_rtol"] else "")]

@@ -120,17 +120,18 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             entry |= {"verdict": "error", "error": row.run.error}
         else:
             assert ref.state is not None
-            loss = policy.loss_deviation(ref.losses, row.losses, tol)
-            params = policy.param_deviation(ref.state, row.state, tol,
-                                            fp32.state if fp32 is not None and fp32.state is not None else None)
-            rel = np.abs(np.array(row.losses) - np.array(ref.losses)) / np.abs(np.array(ref.losses))
-            failing = np.flatnonzero(~(rel <= tol.loss_rtol))
-            evals = policy.loss_deviation(ref.eval_losses, row.eval_losses, tol) if ref.eval_losses else None
+            ok32 = fp32 if fp32 is not None and fp32.run.result is not None and fp32.state is not None else None
+            loss = policy.loss_deviation(ref.losses, row.losses, tol, ok32.losses if ok32 else None)
+            params = policy.param_deviation(ref.state, row.state, tol, ok32.state if ok32 else None)
+            failing = (np.flatnonzero(~(policy.relative_steps(ref.losses, row.losses) <= loss.limit))
+                       if len(row.losses) == len(ref.losses) else np.array([0]))
+            evals = (policy.loss_deviation(ref.eval_losses, row.eval_losses, tol, ok32.eval_losses if ok32 else None)
+                     if ref.eval_losses else None)
             dtypes = policy.matmul_dtype_mismatch(ref.matmul_dtypes, row.matmul_dtypes)
             entry |= {
                 "verdict": "pass" if loss.ok and params.ok and (evals is None or evals.ok) and dtypes is None
                 else "FAIL",
-                "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": tol.loss_rtol,
+                "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": loss.limit,
                 "first_failing_step": int(failing[0]) if failing.size else None,
                 "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": params.limit,
                 "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
