@@ -1,5 +1,5 @@
 """The model zoo: unmodified Hugging Face models of every family (tests/fixtures/hf_zoo.py), each trained 10 steps
-by `xbridge parity` on every backend against the eager reference in fp32, bf16-mixed and bf16-true, with the dtypes
+by `xbridge parity` on every backend against the eager reference in fp32, bf16-mixed and bf16-true (6 steps), with the dtypes
 their matmuls ran in compared in the lower precisions; the shipped CNN (BatchNorm buffers) and a model with frozen
 parameters too."""
 
@@ -34,7 +34,7 @@ def _parity(tmp_path, program, *extra, steps="10"):
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-true"])
 @pytest.mark.parametrize("name", ["llama", "moe", "bert", "t5", "resnet"])
 def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, precision):
-    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision)
+    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision, steps="6")
     assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
     if precision != "fp32":     # what the matmuls ran in, per target, against the reference's
         expected = set(record["reference"]["matmul_dtypes"])
@@ -51,6 +51,16 @@ def test_a_broken_autocast_policy_fails_parity_on_the_matmul_dtypes(tmp_path):
     (row,) = json.loads(proc.stdout)["targets"]
     assert row["verdict"] == "FAIL" and row["max_loss_dev"] <= row["loss_limit"], row
     assert set(row["matmul_dtypes"]) == {"float32"} and "vs reference ['bfloat16']" in row["matmul_dtypes_mismatch"]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_llama_in_low_precision_with_tensor_parallel_rules(tmp_path, precision):
+    """10 steps at 4 devices, column- and row-parallel projections over a `model` axis (inductor: 2 processes)."""
+    for targets, devices in (("jax-cpu,xla-cpu", "4"), ("inductor-cpu", "2")):
+        record = _parity(tmp_path / devices, f"{ZOO}:llama_tp", "--backends", targets, "--precision", precision,
+                         "--devices", devices)
+        assert all(r["devices"] == int(devices) and set(r["matmul_dtypes"]) == {"bfloat16"}
+                   for r in record["targets"])
 
 
 def test_moe_with_the_experts_split_over_four_devices(tmp_path):

@@ -28,9 +28,10 @@ from ..ir.precision import Precision, parse_precision
 # normalises the rounding noise of that zero into full-size steps, so after 20 fp32 steps it differs by about 1e-4
 # of its own RMS (0.003) between backends, 5.1e-5 against the floor, while every other tensor agrees to 1e-6.
 PARAM_SCALE_FLOOR = 0.02
-# Two runs in bf16 differ by about sqrt(2) times what one differs from fp32 (independent rounding each); one tensor
-# is one sample of that noise. Measured on the model zoo (10 steps): up to 2.3x (BERT's key bias, jax).
-NOISE_FACTOR = 3.0
+# Two runs in bf16 differ by about sqrt(2) times what one differs from fp32 (independent rounding each), and the
+# noise is one sample per tensor (per run for the loss), whose extremes run a few times its typical size. Measured on
+# the model zoo: up to 2.3x (BERT's key bias on jax, 10 steps) and 2.6x (the ResNet's loss in bf16-true on jax).
+NOISE_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
