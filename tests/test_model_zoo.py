@@ -1,7 +1,7 @@
-"""The model zoo: unmodified Hugging Face models of every family (tests/fixtures/hf_zoo.py), each trained 10 steps
-by `xbridge parity` on every backend against the eager reference in fp32, bf16-mixed and bf16-true (6 steps), with the dtypes
-their matmuls ran in compared in the lower precisions; the shipped CNN (BatchNorm buffers) and a model with frozen
-parameters too."""
+"""The model zoo: unmodified Hugging Face models of every family (tests/fixtures/hf_zoo.py), each trained 6 steps by
+`xbridge parity` on every backend against the eager reference in fp32, bf16-mixed and bf16-true, with the dtypes
+their matmuls ran in compared in the lower precisions; the Llama with tensor-parallel rules in bf16 at 4 devices; the
+shipped CNN (BatchNorm buffers) and a model with frozen parameters too."""
 
 from __future__ import annotations
 
