@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch_xla
-import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
@@ -184,17 +183,18 @@ class XlaExecutable(TorchTrainState):
                                           name=f"xbridge-{self.program.name}")
         torch_xla.sync()
 
+    def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], dict[str, np.ndarray]]) -> Any:
+        """Read and checked on the prefetch thread, placed by :meth:`step` on the calling thread: torch_xla state is
+        not touched beside a running step. (Its threaded loader path, ``xm.send_cpu_data_to_device`` with a
+        ``ShardingSpec``, fails on a batch replicated over part of the mesh, e.g. labels over data=1 x model=2:
+        IndexError in ``_xla_tensors_from_aten``, torch_xla 2.9.)"""
+        return check(source.batch(step, seed), step)
+
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Each array is sent to the devices already sharded, by ``xm.send_cpu_data_to_device`` with the batch's
-        ``ShardingSpec``: the call torch_xla's own loader (``MpDeviceLoader``) makes on its background threads
-        while the step runs. Marking the sharding of a tensor already on the device instead re-lays its data out
-        there, which is not safe beside a running step (the run loop calls this on its prefetch thread)."""
-        host = batch_to_torch(batch, torch.device("cpu"), self.program.precision)
-        out = {}
-        for key, value in host.items():
-            spec = xs.ShardingSpec(self.mesh, self._spec(self.plan.batch, value.dim()))
-            (out[key],) = xm.send_cpu_data_to_device(value.clone(), self.device, input_sharding=spec)
-        return out
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        for value in tensors.values():
+            xs.mark_sharding(value, self.mesh, self._spec(self.plan.batch, value.dim()))
+        return tensors
 
     def step(self, batch: Any) -> dict[str, float]:
         tensors = self.put(batch) if on_host(batch) else batch
