@@ -134,7 +134,7 @@ def matmul_precision(compute: str) -> Iterator[None]:
 
 
 
-PRODUCTS = ("dot_general", "conv_general_dilated", "ragged_dot")
+PRODUCTS = ("dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general")
 
 
 def count_products(jaxpr: Any) -> dict[str, int]:
