@@ -34,8 +34,7 @@ from .train import eval_mode
 
 # Matrix products as aten operators after decomposition (linear -> addmm/mm, matmul -> mm/bmm, attention kernels)
 PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_addmm_activation", "dot", "mv", "convolution",
-            "_convolution", "_grouped_mm", "linalg_vecdot", "scaled_dot_product_attention",
-            "einsum"}      # torch_xla runs einsum as one operator (the CPU decomposes it into bmm)
+            "_convolution", "_grouped_mm", "linalg_vecdot", "scaled_dot_product_attention"}
 
 
 def is_product(name: str) -> bool:
@@ -64,15 +63,28 @@ class MatmulCensus(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Counted once each, by their output, with the products inside them hidden: attention (see above) and einsum (the
+# CPU decomposes it into bmm, torch_xla runs it as one operator)
+COMPOSITES = (torch.nn.functional.scaled_dot_product_attention, torch.einsum)
+_active: list[MatmulCensus] = []
+
+
+def record(dtype: torch.dtype) -> None:
+    """A product computed by one of xbridge's own kernels above the dispatch mode (the XLA ``_grouped_mm``,
+    registered at the autograd key): counted by the census running, if any."""
+    if _active and not _active[-1].in_attention:
+        _active[-1].counts[dtype_name(dtype)] += 1
+
+
 class AttentionScope(TorchFunctionMode):
-    """Counts each ``scaled_dot_product_attention`` once, by its output, and hides the products inside it."""
+    """Counts each call of :data:`COMPOSITES` once, by its output, and hides the products inside it."""
 
     def __init__(self, census: MatmulCensus) -> None:
         super().__init__()
         self.census = census
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is not torch.nn.functional.scaled_dot_product_attention:
+        if func not in COMPOSITES or self.census.in_attention:
             return func(*args, **(kwargs or {}))
         self.census.in_attention += 1
         try:
@@ -88,7 +100,11 @@ def count_torch(program: Program, model: torch.nn.Module, tensors: dict[str, tor
     from .train import compute_context
 
     census = MatmulCensus()
-    with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type), \
-            hints.activate(hint), census, AttentionScope(census):
-        program.loss(model, tensors)
+    _active.append(census)
+    try:
+        with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type), \
+                hints.activate(hint), census, AttentionScope(census):
+            program.loss(model, tensors)
+    finally:
+        _active.pop()
     return dict(sorted(census.counts.items()))

@@ -29,6 +29,7 @@ import torch
 
 from xbridge.errors import LoweringError
 
+from .._torch import matmul_census
 from .._torch.batch_norm import batch_norm
 from . import autocast
 
@@ -47,6 +48,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
     if bias is not None:
         raise LoweringError("torch._grouped_mm with a bias has no kernel on the xla backend (transformers' experts "
                             "pass none); add the bias after the grouped product")
+    matmul_census.record(a.dtype)                  # one product, as torch's own kernel counts
     with torch.autocast("xla", enabled=False):     # torch autocasts no _grouped_mm: it runs in the dtypes given
         return _grouped_mm_products(a, b, offs, out_dtype)
 
