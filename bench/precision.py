@@ -2,9 +2,9 @@
 here, one precision after the other (one target at a time inside each compare, so nothing shares the cores).
 
 Per target and precision: median step time, its ratio to the same target's fp32 step (a ratio within one run: the
-machine is shared and noisy), peak host RSS (CPU) or device memory (accelerators), and the final loss. On a CPU,
-bfloat16 is not faster: x86 CPUs without AMX/AVX512-BF16 emulate it, and autocast adds casts; the table says by how
-much. Prints a table, writes precision.json.
+machine is shared and noisy), peak host RSS (CPU) or device memory (accelerators), and the final loss. Whether
+bfloat16 is faster depends on the compiler's CPU kernels as much as on the chip: docs/results.md has the figures.
+Prints a table, writes precision.json.
 
     .venv/bin/python bench/precision.py [--program programs/gpt.py] [--steps 20]
                                         [--backends eager-cpu,inductor-cpu,jax-cpu,xla-cpu]
