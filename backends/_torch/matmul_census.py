@@ -53,10 +53,10 @@ class MatmulCensus(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
-        self.in_attention = 0
+        self.inside_composite = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.in_attention and is_product(func.overloadpacket.__name__):
+        if not self.inside_composite and is_product(func.overloadpacket.__name__):
             tensor = first_floating(args)
             if tensor is not None:
                 self.counts[dtype_name(tensor.dtype)] += 1
@@ -72,11 +72,11 @@ _active: list[MatmulCensus] = []
 def record(dtype: torch.dtype) -> None:
     """A product computed by one of xbridge's own kernels above the dispatch mode (the XLA ``_grouped_mm``,
     registered at the autograd key): counted by the census running, if any."""
-    if _active and not _active[-1].in_attention:
+    if _active and not _active[-1].inside_composite:
         _active[-1].counts[dtype_name(dtype)] += 1
 
 
-class AttentionScope(TorchFunctionMode):
+class CompositeScope(TorchFunctionMode):
     """Counts each call of :data:`COMPOSITES` once, by its output, and hides the products inside it."""
 
     def __init__(self, census: MatmulCensus) -> None:
@@ -84,13 +84,13 @@ class AttentionScope(TorchFunctionMode):
         self.census = census
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func not in COMPOSITES or self.census.in_attention:
+        if func not in COMPOSITES or self.census.inside_composite:
             return func(*args, **(kwargs or {}))
-        self.census.in_attention += 1
+        self.census.inside_composite += 1
         try:
             out = func(*args, **(kwargs or {}))
         finally:
-            self.census.in_attention -= 1
+            self.census.inside_composite -= 1
         self.census.counts[dtype_name(out.dtype)] += 1
         return out
 
@@ -103,7 +103,7 @@ def count_torch(program: Program, model: torch.nn.Module, tensors: dict[str, tor
     _active.append(census)
     try:
         with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type), \
-                hints.activate(hint), census, AttentionScope(census):
+                hints.activate(hint), census, CompositeScope(census):
             program.loss(model, tensors)
     finally:
         _active.pop()
