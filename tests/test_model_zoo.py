@@ -46,7 +46,8 @@ def test_a_broken_autocast_policy_fails_parity_on_the_matmul_dtypes(tmp_path):
     """The jax policy made to cast nothing (tests/fixtures/broken_autocast.py): its losses stay within the bf16
     tolerance, and parity fails it because its matmuls ran in float32."""
     proc = run_cli("parity", str(ROOT / "tests" / "fixtures" / "broken_autocast.py"), "--steps", "3", "--backends",
-                   "jax-cpu", "--precision", "bf16-mixed", "--format", "json", "--out", str(tmp_path / "parity"))
+                   "jax-cpu", "--precision", "bf16-mixed", "--format", "json", "--out", str(tmp_path / "parity"),
+                   "--jobs", "2")
     assert proc.returncode == 1, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["targets"]
     assert row["verdict"] == "FAIL" and row["max_loss_dev"] <= row["loss_limit"], row

@@ -54,7 +54,7 @@ def test_run_takes_its_declared_option_and_the_core_checks_it(plugin_env):
 
 def test_parity_of_both_variants_against_eager(plugin_env, tmp_path):
     proc = run_cli("parity", MLP, "--backends", "toy-cpu,toy-cpu:update=foreach", "--steps", "5", "--format", "json",
-                   "--out", str(tmp_path), env=plugin_env)
+                   "--out", str(tmp_path), "--jobs", "2", env=plugin_env)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
     rows = {row["target"]: row for row in record["targets"]}

@@ -73,7 +73,7 @@ def test_resume_sees_the_batches_of_an_uninterrupted_run(name, in_data_dir, tmp_
 @pytest.mark.parametrize("name", ON_EVERY_BACKEND)
 def test_every_backend_matches_the_reference_on_the_users_data(name, data_dir, tmp_path):
     proc = run_cli("parity", f"{USER_DATA}:{name}", "--steps", "3", "--backends", "inductor-cpu,jax-cpu,xla-cpu",
-                   "--out", str(tmp_path / "parity"), "--format", "json", cwd=data_dir)
+                   "--out", str(tmp_path / "parity"), "--format", "json", "--jobs", "2", cwd=data_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     assert record["passed"], [(r["target"], r.get("error"), r.get("max_loss_dev")) for r in record["targets"]]
