@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from xbridge import hints
 from xbridge.ir.program import Program
 
-from .train import eval_mode
+from .train import compute_context, eval_mode
 
 # Matrix products as aten operators after decomposition (linear -> addmm/mm, matmul -> mm/bmm, attention kernels)
 PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_addmm_activation", "dot", "mv", "convolution",
@@ -97,8 +97,6 @@ class CompositeScope(TorchFunctionMode):
 
 def count_torch(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Tensor], device_type: str,
                 hint: hints.Handler | None) -> dict[str, int]:
-    from .train import compute_context
-
     census = MatmulCensus()
     _active.append(census)
     try:

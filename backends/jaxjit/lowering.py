@@ -132,8 +132,6 @@ def matmul_precision(compute: str) -> Iterator[None]:
         yield
 
 
-
-
 PRODUCTS = ("dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general")
 
 

@@ -135,8 +135,10 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
         return Deviation(float("inf"), f"names differ: {missing[:3]}", tol.param_rtol)
     for name, ref in reference.items():
         got = params[name]
+        if got.shape != ref.shape:
+            return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
         if not np.issubdtype(ref.dtype, np.floating):    # counters (BatchNorm's num_batches_tracked): exactly
-            if got.shape != ref.shape or not np.array_equal(got, ref):
+            if not np.array_equal(got, ref):
                 return Deviation(float("inf"), f"{name}: {got.ravel()[:4].tolist()} vs {ref.ravel()[:4].tolist()}",
                                  tol.param_rtol)
     values = tensor_deviations(reference, params)
