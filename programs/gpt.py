@@ -63,19 +63,27 @@ def loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-program = xb.Program(
-    name="gpt",
-    model=lambda: GPT(vocab=256, dim=256, layers=4, heads=4, seq=256),
-    loss=loss,
-    data=xb.data.ByteText.python_stdlib(seq_len=257, batch_size=16),
-    optimizer=xb.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, schedule=xb.WarmupCosine(20, 1000)),
-    precision="fp32",
-    mesh=xb.Mesh(data=-1, model=1),
-    sharding=xb.Sharding(
-        params={r".*\.(q|k|v|up)\.weight": ("model", None),      # column-parallel: output features split
-                r".*\.(o|down)\.weight": (None, "model")},       # row-parallel: input features split
-        batch=("data",),
-    ),
-    step=xb.StepOptions(grad_accum=1, clip_grad_norm=1.0),
-    seed=0,
-)
+def gpt_program(name: str, dim: int, layers: int, heads: int, seq: int, batch: int, lr: float) -> xb.Program:
+    return xb.Program(
+        name=name,
+        model=lambda: GPT(vocab=256, dim=dim, layers=layers, heads=heads, seq=seq),
+        loss=loss,
+        data=xb.data.ByteText.python_stdlib(seq_len=seq + 1, batch_size=batch),
+        optimizer=xb.AdamW(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, schedule=xb.WarmupCosine(20, 1000)),
+        precision="fp32",
+        mesh=xb.Mesh(data=-1, model=1),
+        sharding=xb.Sharding(
+            params={r".*\.(q|k|v|up)\.weight": ("model", None),      # column-parallel: output features split
+                    r".*\.(o|down)\.weight": (None, "model")},       # row-parallel: input features split
+            batch=("data",),
+        ),
+        step=xb.StepOptions(grad_accum=1, clip_grad_norm=1.0),
+        seed=0,
+    )
+
+
+program = gpt_program("gpt", dim=256, layers=4, heads=4, seq=256, batch=16, lr=3e-3)
+
+# GPT-2-small class (12 layers of 768, 1024 tokens; 85 M parameters with the byte vocabulary), sized for one
+# accelerator: `xbridge compare programs/gpt.py:gpt2_small --precision bf16-mixed` (bench/accelerator.sh).
+gpt2_small = gpt_program("gpt2-small", dim=768, layers=12, heads=12, seq=1024, batch=32, lr=6e-4)

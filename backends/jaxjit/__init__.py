@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
 
 _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin")}
-_INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'jax[cuda12]' on a CUDA machine"}
+_INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'xbridge[cuda]' on a CUDA machine"}
 
 
 class JaxBackend(Backend):

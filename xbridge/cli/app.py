@@ -37,6 +37,8 @@ TARGET_DEVICES = typer.Option(1, help="Devices for sharded targets (eager always
 MESH = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2.")
 FORMAT = typer.Option(Format.human, "--format", help="human: tables for a person; json: one JSON document on stdout.")
 TIMEOUT = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout.")
+REFERENCE_OPTION = typer.Option("eager-cpu", "--reference", help="The eager target the others are checked against "
+                                                                 "(eager-cuda on a GPU machine).")
 
 
 def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None) -> Any:
@@ -215,20 +217,21 @@ def compare(
     backends: str | None = typer.Option(
         None, "--backends", help="Comma-separated targets, each optionally TARGET:OPTION=VALUE to pass a run option "
         "(e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; "
-        "eager-cpu is always run as the reference."),
+        "the reference (--reference) is always run."),
     steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
     warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
     devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the program's precision."),
     mesh: str | None = MESH,
     timeout: float = TIMEOUT,
+    reference: str = REFERENCE_OPTION,
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
     format: Format = FORMAT,
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
-                  precision=precision, mesh=mesh, timeout_s=timeout)
+                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
@@ -247,6 +250,7 @@ def parity(
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
     timeout: float = TIMEOUT,
+    reference: str = REFERENCE_OPTION,
     jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each its own process (parity compares results, "
                                                "not timings; mind the memory of N models)."),
     format: Format = FORMAT,
@@ -255,7 +259,8 @@ def parity(
 ) -> None:
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
     _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
-                  precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs)
+                  precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs,
+                  reference=reference)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")

@@ -131,8 +131,8 @@ def print_compare(record: dict[str, Any]) -> None:
 def print_parity(record: dict[str, Any]) -> None:
     tol = record["tolerance"]
     table = Table(title=f"parity of {escape(record['program'])} ({record['precision']}, {record['steps']} steps, "
-                        f"{record['devices']} device(s)) against eager-cpu; limits: loss {tol['loss_rtol']:g}, "
-                        f"params {tol['param_rtol']:g}")
+                        f"{record['devices']} device(s)) against {record['reference']['target']}; limits: "
+                        f"loss {tol['loss_rtol']:g}, params {tol['param_rtol']:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
     evals = any("max_eval_loss_dev" in r for r in record["targets"])
     if evals:

@@ -14,7 +14,7 @@ from .. import __version__
 from ..errors import ConfigError
 from ..ir.program import Program
 from ..parity import policy
-from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_targets, run_target
+from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_reference, resolve_targets, run_target
 from .peaks import Peak
 
 
@@ -27,6 +27,7 @@ class CompareOptions:
     precision: str | None = None
     mesh: str | None = None
     timeout_s: float = 900.0
+    reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
 
     def __post_init__(self) -> None:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
@@ -78,9 +79,11 @@ def _peak_for(run: TargetRun, dtype: str, cpu_peaks: dict[str, Peak]) -> tuple[P
     return (peak, run.devices) if peak else (Peak(float("nan"), f"unknown accelerator {kind!r}"), run.devices)
 
 
-def metrics_of(program: Program, runs: list[TargetRun], flops: int) -> dict[str, TargetMetrics]:
-    """The derived numbers of every finished target, by target: throughput, FLOP/s, MFU, memory, loss parity."""
-    ref = next((r.result for r in runs if r.target == REFERENCE and r.result is not None), None)
+def metrics_of(program: Program, runs: list[TargetRun], flops: int,
+               reference: str = REFERENCE) -> dict[str, TargetMetrics]:
+    """The derived numbers of every finished target, by target: throughput, FLOP/s, MFU, memory, loss parity
+    against ``reference``."""
+    ref = next((r.result for r in runs if r.target == reference and r.result is not None), None)
     tol = policy.tolerance(program.precision)
     cpu_peaks: dict[str, Peak] = {}
     out: dict[str, TargetMetrics] = {}
@@ -139,7 +142,8 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     from ..run.loop import machine
     from .flops import flops_per_step
 
-    targets = resolve_targets(options.targets)
+    reference = resolve_reference(options.reference)
+    targets = resolve_targets(options.targets, reference)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for target in targets:
@@ -148,7 +152,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         if progress is not None:
             progress(target, run.to_json())
     flops = flops_per_step(program)
-    metrics = metrics_of(program, runs, flops)
+    metrics = metrics_of(program, runs, flops, reference)
     rows = []
     for run in runs:
         row = run.to_json()
@@ -159,7 +163,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     record = {
         "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
         "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
-        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": REFERENCE, "targets": rows,
+        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": reference, "targets": rows,
     }
     record["written"] = [str(p) for p in write_outputs(out, record)]
     return record

@@ -19,7 +19,7 @@ from .. import __version__
 from ..errors import ConfigError
 from ..files import read_npz, write_json, write_npz
 from ..ir.program import Program
-from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_targets, run_target
+from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_reference, resolve_targets, run_target
 from . import policy
 from .divergence import first_divergence
 
@@ -34,6 +34,7 @@ class ParityOptions:
     bisect: bool = False
     timeout_s: float = 900.0
     jobs: int = 1           # runs at a time (parity compares results, not timings: they may share the machine)
+    reference: str = REFERENCE   # the eager target every other is checked against (eager-cuda on a GPU machine)
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -89,26 +90,27 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     ``out/parity.json``)."""
     from ..weights import initial_weights
 
-    targets = [t for t in resolve_targets(options.targets) if t != REFERENCE] or [REFERENCE]
+    reference = resolve_reference(options.reference)
+    targets = [t for t in resolve_targets(options.targets, reference) if t != reference] or [reference]
     out.mkdir(parents=True, exist_ok=True)
     weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
     census = program.precision.name != "fp32"     # which dtype the matmuls ran in: compared below
     # (tag, target, precision, census): every run starts from the same weights file, so they are independent;
     # --jobs N runs N at a time (each its own process), the reference first
-    runs = [("reference", REFERENCE, options.precision, census)]
+    runs = [("reference", reference, options.precision, census)]
     if program.precision.name != "fp32":
-        runs.append(("reference-fp32", REFERENCE, "fp32", False))
+        runs.append(("reference-fp32", reference, "fp32", False))
     runs += [(target, target, options.precision, census) for target in targets]
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
         pending = {tag: pool.submit(_run, program_ref, target, options, out, weights_file, precision, tag, flag)
                    for tag, target, precision, flag in runs}
         ref = pending["reference"].result()
         if progress:
-            progress(f"{REFERENCE} (reference)", ref.run.to_json())
+            progress(f"{reference} (reference)", ref.run.to_json())
         if ref.run.status != "ok":
             pool.shutdown(wait=True, cancel_futures=True)
             first = (ref.run.error or "").splitlines()[0]
-            raise ConfigError(f"the eager reference failed, nothing to compare with: {first}")
+            raise ConfigError(f"the reference {reference} failed, nothing to compare with: {first}")
         fp32 = pending["reference-fp32"].result() if "reference-fp32" in pending else None
         finished = {target: pending[target].result() for target in targets}
     tol = policy.tolerance(program.precision)
@@ -153,7 +155,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
         "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
         "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
-        "reference": {"target": REFERENCE, "losses": ref.losses, "eval_losses": ref.eval_losses,
+        "reference": {"target": reference, "losses": ref.losses, "eval_losses": ref.eval_losses,
                       **({"matmul_dtypes": ref.matmul_dtypes} if census else {})},
         "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
                                                      "losses": fp32.losses if fp32.run.result else None},

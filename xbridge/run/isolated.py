@@ -21,7 +21,7 @@ from ..backend import registry
 from ..errors import ConfigError
 from .record import RunRecord
 
-REFERENCE = "eager-cpu"
+REFERENCE = "eager-cpu"     # the default baseline of parity and compare (--reference picks another eager target)
 
 
 @dataclass
@@ -58,9 +58,19 @@ class TargetRun:
         return data
 
 
-def available_targets() -> list[str]:
+def available_targets(reference: str = REFERENCE) -> list[str]:
     rows = [r["target"] for r in registry.describe() if r["available"]]
-    return sorted(rows, key=lambda t: (t != REFERENCE, t))
+    return sorted(rows, key=lambda t: (t != reference, t))
+
+
+def resolve_reference(text: str) -> str:
+    """The baseline target of parity and compare (``--reference``): an eager target that can run here, e.g.
+    ``eager-cuda`` on a GPU machine, where a CPU reference of a GPU-sized model would take hours."""
+    target, _ = registry.resolve(text)
+    if target.backend != "eager":
+        raise ConfigError(f"--reference {text!r}: the reference must be an eager target (eager-cpu, eager-cuda); "
+                          "the compiled stacks are what is being checked against it")
+    return str(target)
 
 
 def split_variant(entry: str) -> tuple[str, list[str]]:
@@ -80,16 +90,16 @@ def split_variant(entry: str) -> tuple[str, list[str]]:
     return str(target), [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), value)]
 
 
-def resolve_targets(requested: list[str] | None) -> list[str]:
+def resolve_targets(requested: list[str] | None, reference: str = REFERENCE) -> list[str]:
     """The targets to run, the reference first: every available one, or the requested ones with their variants
     kept (``xla:xla-mode=openxla`` -> ``xla-cpu:xla-mode=openxla``)."""
-    targets = available_targets()
+    targets = available_targets(reference)
     if requested:
         targets = [":".join([split_variant(entry)[0], *entry.split(":")[1:]]) for entry in requested]
     seen = list(dict.fromkeys(targets))
-    if REFERENCE not in seen:
-        seen.insert(0, REFERENCE)     # the baseline of loss parity
-    return seen
+    if reference in seen:
+        seen.remove(reference)
+    return [reference, *seen]     # the baseline of loss parity, first
 
 
 def child_command(program_ref: str, target: str, options: ChildOptions, devices: int, out: Path) -> list[str]:
