@@ -95,3 +95,19 @@ def test_bad_compare_input(tmp_path, args, fragment):
     proc = run_cli("compare", str(PROGRAMS / "mlp.py"), *args, "--out", str(tmp_path))
     assert proc.returncode == 2
     assert fragment in one_error_line(proc)
+
+
+@pytest.mark.parametrize("command", ["compare", "parity"])
+@pytest.mark.parametrize("reference,fragment", [
+    ("jax-cpu", "--reference 'jax-cpu': the reference must be an eager target (eager-cpu, eager-cuda)"),
+    ("eager-cuda", "target eager-cuda is unavailable: torch sees no CUDA device"),
+    ("eager-gpu", "target eager-cuda is unavailable"),     # the alias, resolved and checked the same way
+])
+def test_the_reference_is_an_eager_target_this_machine_has(tmp_path, command, reference, fragment):
+    """Checked before any target runs: nothing is written under --out."""
+    out = tmp_path / "out"
+    proc = run_cli(command, str(PROGRAMS / "mlp.py"), "--backends", "jax-cpu", "--reference", reference,
+                   "--out", str(out))
+    assert proc.returncode == 2
+    assert fragment in one_error_line(proc)
+    assert not any(out.rglob("*.json"))

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
+# What a TPU VM has: the chips' device files (v4 and later: /dev/accel*, v5e and later through VFIO: /dev/vfio), or
+# TPU_NAME where a launcher names the TPU (read before torch_xla starts: importing it on a machine without one is slow)
+TPU_DEVICE_FILES = ("/dev/accel0", "/dev/vfio")
 _owned_files: list[str] = []
 
 
@@ -47,8 +50,7 @@ class XlaBackend(Backend):
                            "use inductor-cuda or jax-cuda"}
 
     def device_reason(self, device: str) -> str | None:
-        if device == "tpu" and not (Path("/dev/accel0").exists() or Path("/dev/vfio").exists()
-                                    or os.environ.get("TPU_NAME")):
+        if device == "tpu" and not (any(Path(f).exists() for f in TPU_DEVICE_FILES) or os.environ.get("TPU_NAME")):
             return "no TPU here (no /dev/accel* or /dev/vfio device, TPU_NAME unset): xla-tpu runs on a TPU VM"
         return None
 

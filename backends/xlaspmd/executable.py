@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch_xla
+import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
@@ -268,6 +269,16 @@ class XlaExecutable(TorchTrainState):
             else:
                 out[name] = {"spec": "replicated", "shard_shapes": [list(param.shape)] * self.plan.devices}
         return out
+
+    def device_kind(self) -> str | None:
+        """PJRT's device kind, the string JAX reports too (``TPU v5 lite`` on a v5e; ``cpu`` on the CPU client)."""
+        return str(xm.xla_device_kind(self.device))
+
+    def device_peak_bytes(self) -> int | None:
+        """PJRT's allocator statistics of the first device (TPU); the CPU client keeps none (UNIMPLEMENTED)."""
+        if xr.device_type() == "CPU":
+            return None
+        return int(xm.get_memory_info(self.device)["peak_bytes_used"])
 
     def recompiles(self) -> int:
         """XLA compilations after warm-up; in openxla mode plus the graphs Dynamo captured again."""

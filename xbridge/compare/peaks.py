@@ -10,11 +10,14 @@ reported against the bf16 peak and marked so).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
 TABLE: dict[str, dict[str, float]] = {
-    # name fragment (lower case) -> dtype -> FLOP/s
+    # name fragment (lower case, whole words: an "L40S" is not an "L4") -> dtype -> FLOP/s; the first match wins.
+    # TPUs by their PJRT device kind (jax's device_kind, torch_xla's xla_device_kind): v4 "TPU v4", v5e "TPU v5
+    # lite", v5p "TPU v5", v6e "TPU v6 lite"; and by their product names.
     "h200": {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12},
     "h100": {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12},
     "a100": {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
@@ -24,6 +27,7 @@ TABLE: dict[str, dict[str, float]] = {
     "tpu v5e": {"bfloat16": 197e12},
     "tpu v5p": {"bfloat16": 459e12},
     "tpu v5": {"bfloat16": 459e12},
+    "tpu v6e": {"bfloat16": 918e12},
     "tpu v6": {"bfloat16": 918e12},
 }
 
@@ -37,7 +41,7 @@ class Peak:
 def known_peak(device_name: str, dtype: str) -> Peak | None:
     name = device_name.lower()
     for fragment, peaks in TABLE.items():
-        if fragment in name:
+        if re.search(rf"\b{re.escape(fragment)}\b", name):
             if dtype in peaks:
                 return Peak(peaks[dtype], f"datasheet {fragment} {dtype}")
             if "bfloat16" in peaks:
