@@ -23,6 +23,7 @@ from xbridge.compare.job import _peak_for
     ("TPU v5p", "bfloat16", 459e12, "datasheet tpu v5p bfloat16"),
     ("TPU v6 lite", "bfloat16", 918e12, "datasheet tpu v6 bfloat16"),          # v6e (Trillium)
     ("TPU v6e", "bfloat16", 918e12, "datasheet tpu v6e bfloat16"),
+    ("TPU v5litepod", "bfloat16", 197e12, "datasheet tpu v5litepod bfloat16"),  # torch_xla's accelerator type
     ("TPU v5 lite", "float32", 197e12, "datasheet tpu v5 lite bfloat16 (no float32 figure)"),
     ("NVIDIA H200", "bfloat16", 989.4e12, "datasheet h200 bfloat16"),
     ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4e12, "datasheet h100 bfloat16"),
@@ -105,3 +106,22 @@ def test_torch_xla_on_tpu_keeps_a_persistent_cache_and_on_cpu_none(tmp_path, mon
     listed = {info.name: info for info in cache.describe()}
     assert listed["torch_xla-tpu"].bytes == 10
     assert "TPU" in listed["torch_xla-tpu"].what
+
+
+@pytest.mark.parametrize("accelerator_type,flops", [("v4", 275e12), ("v5litepod", 197e12), ("v5p", 459e12),
+                                                    ("v6e", 918e12)])
+def test_xla_tpu_names_its_tpu_for_the_peak_table(monkeypatch, accelerator_type, flops):
+    """xla-tpu's device kind comes from the TPU VM's accelerator type (torch_xla's get_tpu_type)."""
+    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
+    from torch_xla._internal import tpu
+
+    from xbridge.backends.xlaspmd import executable
+
+    monkeypatch.setattr(executable.xr, "device_type", lambda: "TPU")
+    monkeypatch.setattr(tpu, "get_tpu_type", lambda: accelerator_type)
+    kind = executable.tpu_device_kind()
+    assert kind == f"TPU {accelerator_type}"
+    peak = peaks.known_peak(kind, "bfloat16")
+    assert peak is not None and peak.flops == flops
+    monkeypatch.setattr(executable.xr, "device_type", lambda: "CPU")
+    assert executable.tpu_device_kind() is None

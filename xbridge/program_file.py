@@ -26,9 +26,11 @@ def module_name_for(path: Path) -> str:
 
 
 def source_of(program: Program) -> tuple[str, str] | None:
-    """The program file and attribute ``program`` (or a ``replace``d copy of it: same model and loss) came from."""
+    """The program file and attribute ``program`` (or a ``replace``d copy of it: same model and loss, the loss
+    perhaps wrapped by xbridge, e.g. for --rng portable) came from."""
+    loss = getattr(program.loss, "user_loss", program.loss)
     for file, attr, loaded in reversed(_LOADED):
-        if loaded.model is program.model and loaded.loss is program.loss:
+        if loaded.model is program.model and loaded.loss is loss:
             return file, attr
     return None
 

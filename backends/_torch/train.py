@@ -186,6 +186,11 @@ class TrainStep:
         self.optimizer = make_optimizer(program, model, on_device, foreach)
         self.loss_fn = compile(program.loss) if compile else program.loss
         self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
+        self.random_factories: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+        if program.step.rng == "portable":
+            from .portable_rng import factories
+
+            self.random_factories = factories
         scaled = program.precision.loss_scale == "dynamic"
         self.scaler: torch.amp.GradScaler | None = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
 
@@ -197,7 +202,8 @@ class TrainStep:
         total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
         for micro in split_micro(batch, accum):
             with compute_context(program.precision, self.device_type):
-                loss = self.loss_fn(model, micro)
+                with self.random_factories():
+                    loss = self.loss_fn(model, micro)
             loss = loss.float() / accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = total + loss.detach()

@@ -24,6 +24,7 @@ from xbridge.errors import LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.run.feed import Feed
+from xbridge.run.rng import rng_rows
 
 from .._torch.train import TrainStep, batch_to_torch, eval_loss, exact_fp32, tensor_to_numpy
 from .executable import InductorExecutable
@@ -142,7 +143,7 @@ class RankEngine(InductorExecutable):
         if self._feed is None:
             data, seed = self.program.data, self.program.seed
             rows = rank_rows(data.batch_size, self.batch_parts, self.batch_index, self.program.step.grad_accum)
-            check = BatchCheck(data, expected_rows=len(rows))
+            check = BatchCheck(data, expected_rows=len(rows), rng_rows=rng_rows(self.program, rows))
             self._check = check
             self._feed = Feed(lambda s: self.put(check(contract.rows(data, s, seed, rows), s)), stop=None)
         tensors, _ = self._feed.get(step)

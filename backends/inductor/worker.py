@@ -41,6 +41,7 @@ def main() -> None:
 
         from xbridge.ir.program import Program
         from xbridge.program_file import load_program
+        from xbridge.run.rng import with_rng
 
         from .rank_engine import RankEngine, device_for, process_group_backend
         from .rpc import serve
@@ -56,7 +57,7 @@ def main() -> None:
         store = dist.TCPStore("127.0.0.1", setup["port"], setup["world"], is_master=False, timeout=timeout)
         dist.init_process_group(process_group_backend(setup["device"]), store=store, rank=rank,
                                 world_size=setup["world"], timeout=timeout)
-        engine = RankEngine(program, setup["plan"], device_for(setup["device"], rank), setup["mode"])
+        engine = RankEngine(with_rng(program), setup["plan"], device_for(setup["device"], rank), setup["mode"])
         conn.send(("ok", None))   # setup
     except BaseException as exc:
         try:

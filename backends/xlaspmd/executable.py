@@ -51,6 +51,20 @@ def start_runtime() -> None:
         _RUNTIME_READY = True
 
 
+def tpu_device_kind() -> str | None:
+    """``TPU <type>`` from the TPU VM's accelerator type (``v4``, ``v5litepod``, ``v5p``, ``v6e``: torch_xla's
+    get_tpu_type, read from the VM's metadata), for the MFU peak table; None off a TPU. (Under SPMD torch_xla's
+    device is the virtual ``SPMD:0``, which xm.xla_device_kind cannot name.)"""
+    if xr.device_type() != "TPU":
+        return None
+    from torch_xla._internal import tpu
+
+    try:
+        return f"TPU {tpu.get_tpu_type()}"
+    except (OSError, KeyError, ValueError):   # metadata unreachable: the target's device is all that is known
+        return None
+
+
 def compile_count() -> int:
     data = met.metric_data("CompileTime")
     return int(data[0]) if data else 0
@@ -271,8 +285,7 @@ class XlaExecutable(TorchTrainState):
         return out
 
     def device_kind(self) -> str | None:
-        """PJRT's device kind, the string JAX reports too (``TPU v5 lite`` on a v5e; ``cpu`` on the CPU client)."""
-        return str(xm.xla_device_kind(self.device))
+        return tpu_device_kind()
 
     def device_peak_bytes(self) -> int | None:
         """PJRT's allocator statistics of the first device (TPU); the CPU client keeps none (UNIMPLEMENTED)."""

@@ -37,11 +37,15 @@ TARGET_DEVICES = typer.Option(1, help="Devices for sharded targets (eager always
 MESH = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2.")
 FORMAT = typer.Option(Format.human, "--format", help="human: tables for a person; json: one JSON document on stdout.")
 TIMEOUT = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout.")
+RNG = typer.Option(None, "--rng", help="Where the forward's random draws (dropout, torch.rand...) come from: "
+                   "native (each stack's own generator) or portable (the same bits on every backend). Default: the "
+                   "program's StepOptions(rng=...), native unless it says otherwise.")
 REFERENCE_OPTION = typer.Option("eager-cpu", "--reference", help="The eager target the others are checked against "
                                                                  "(eager-cuda on a GPU machine).")
 
 
-def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None) -> Any:
+def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None,
+          rng: str | None = None) -> Any:
     from ..ir.mesh import parse_mesh
     from ..program_file import load_program
 
@@ -53,6 +57,12 @@ def _load(program_path: str, precision: str | None = None, seed: int | None = No
         changes["precision"] = precision
     if seed is not None:
         changes["seed"] = seed
+    if rng is not None:
+        from ..ir.program import RNG_MODES
+
+        if rng not in RNG_MODES:
+            raise ConfigError(f"--rng must be one of {', '.join(RNG_MODES)}, got {rng!r}")
+        changes["step"] = dataclasses.replace(program.step, rng=rng)
     return program.replace(**changes) if changes else program
 
 
@@ -123,7 +133,7 @@ def _over_targets(command: str, program_path: str, out: Path, format: Format, **
 
     job = importlib.import_module(f"xbridge.{command}.job")
     options = getattr(job, f"{command.capitalize()}Options")(targets=_target_list(fields.pop("backends")), **fields)
-    prog = _load(program_path, options.precision, mesh=options.mesh)
+    prog = _load(program_path, options.precision, mesh=options.mesh, rng=options.rng)
     check_writable(out, "--out")
     with target_progress(enabled=format is Format.human, label=f"{command} {prog.name}") as tick:
         record = getattr(job, command)(program_path, prog, options, out, progress=tick)
@@ -156,6 +166,7 @@ def run(
     seed: int | None = typer.Option(None, help="Override the program's seed (initial weights and batches)."),
     precision: str | None = typer.Option(None, help="Override the precision: fp32, bf16-mixed, bf16-true, "
                                                     "fp16-mixed or params=...,compute=...,output=..."),
+    rng: str | None = RNG,
     devices: int = typer.Option(1, help="Devices the mesh spans."),
     mesh: str | None = MESH,
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
@@ -195,7 +206,7 @@ def run(
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, keep=keep, resume=resume,
                          allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes)
-    prog = _load(program, precision, seed, mesh)
+    prog = _load(program, precision, seed, mesh, rng)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         check_writable(out, "--out")
@@ -222,6 +233,7 @@ def compare(
     warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
     devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the program's precision."),
+    rng: str | None = RNG,
     mesh: str | None = MESH,
     timeout: float = TIMEOUT,
     reference: str = REFERENCE_OPTION,
@@ -231,7 +243,7 @@ def compare(
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
-                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference)
+                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
@@ -246,6 +258,7 @@ def parity(
     devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the precision (the reference runs it too; the "
                                                     "fp32 deviation is reported as well)."),
+    rng: str | None = RNG,
     mesh: str | None = MESH,
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
@@ -260,7 +273,7 @@ def parity(
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
     _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
                   precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs,
-                  reference=reference)
+                  reference=reference, rng=rng)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")

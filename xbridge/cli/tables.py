@@ -28,7 +28,8 @@ def _bytes(n: float) -> str:
 
 def print_run(result: RunRecord) -> None:
     s = result.summary
-    table = Table(title=f"{escape(result.program)} on {result.target} ({result.precision}, "
+    rng = ", portable rng" if result.rng == "portable" else ""
+    table = Table(title=f"{escape(result.program)} on {result.target} ({result.precision}{rng}, "
                         f"{result.devices} device(s), config {result.config_hash})")
     table.add_column("metric")
     table.add_column("value", justify="right")

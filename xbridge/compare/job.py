@@ -28,6 +28,7 @@ class CompareOptions:
     mesh: str | None = None
     timeout_s: float = 900.0
     reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
+    rng: str | None = None       # --rng: native or portable (None: the program's own)
 
     def __post_init__(self) -> None:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
@@ -37,7 +38,8 @@ class CompareOptions:
             raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
 
     def child(self) -> ChildOptions:
-        return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s)
+        return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
+                            rng=self.rng)
 
 
 @dataclass

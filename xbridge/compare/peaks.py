@@ -17,7 +17,7 @@ from dataclasses import dataclass
 TABLE: dict[str, dict[str, float]] = {
     # name fragment (lower case, whole words: an "L40S" is not an "L4") -> dtype -> FLOP/s; the first match wins.
     # TPUs by their PJRT device kind (jax's device_kind, torch_xla's xla_device_kind): v4 "TPU v4", v5e "TPU v5
-    # lite", v5p "TPU v5", v6e "TPU v6 lite"; and by their product names.
+    # lite", v5p "TPU v5", v6e "TPU v6 lite"; and by their accelerator types (xla-tpu: "TPU v5litepod", "TPU v6e").
     "h200": {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12},
     "h100": {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12},
     "a100": {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
@@ -25,6 +25,7 @@ TABLE: dict[str, dict[str, float]] = {
     "tpu v4": {"bfloat16": 275e12},
     "tpu v5 lite": {"bfloat16": 197e12},
     "tpu v5e": {"bfloat16": 197e12},
+    "tpu v5litepod": {"bfloat16": 197e12},
     "tpu v5p": {"bfloat16": 459e12},
     "tpu v5": {"bfloat16": 459e12},
     "tpu v6e": {"bfloat16": 918e12},

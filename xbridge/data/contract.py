@@ -29,6 +29,9 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 
+# The batch entry --rng portable adds to every training batch: int32 [global row index, step] per example.
+RNG_KEY = "xbridge.rng"
+
 
 def source_name(source: Any) -> str:
     return type(source).__qualname__
@@ -142,6 +145,9 @@ class BatchCheck:
     label: str = "step"          # what the index counts: "step" (training) or "eval batch"
     bytes_read: dict[int, int] = dataclasses.field(default_factory=dict)   # per step, until taken
     buffers: dict[str, int] = dataclasses.field(default_factory=dict)      # each key's memory in the last batch
+    # --rng portable: the global row index of each example checked here (a rank's share: its rows); each checked
+    # batch then carries RNG_KEY, [row, step] per example, for the portable generator (backends/_torch/portable_rng.py)
+    rng_rows: np.ndarray | None = None
 
     def __call__(self, batch: Any, step: int) -> dict[str, np.ndarray]:
         name = source_name(self.source)
@@ -190,6 +196,11 @@ class BatchCheck:
             if value.size and self.buffers.get(key) == address:
                 out[key] = value.copy()
             self.buffers[key] = address
+        if self.rng_rows is not None:
+            if RNG_KEY in out:
+                raise DataError(f"{where}: batch key {RNG_KEY!r} is reserved for --rng portable")
+            rows = np.asarray(self.rng_rows, dtype=np.int64)
+            out[RNG_KEY] = np.stack([rows, np.full_like(rows, step)], axis=1).astype(np.int32)
         return out
 
     @staticmethod

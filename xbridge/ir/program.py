@@ -15,16 +15,22 @@ from .optim import SGD, AdamW
 from .precision import Precision, parse_precision
 from .sharding import Sharding
 
+RNG_MODES = ("native", "portable")   # StepOptions.rng
+
 
 @serialize.register
 @dataclass(frozen=True)
 class StepOptions:
     """``grad_accum``: the global batch is split into this many micro-batches whose mean-loss gradients are
     averaged (the result equals one step on the whole batch); ``clip_grad_norm``: clip gradients by their global
-    L2 norm (torch.nn.utils.clip_grad_norm_ semantics) before the update; None disables it."""
+    L2 norm (torch.nn.utils.clip_grad_norm_ semantics) before the update; None disables it. ``rng``: where the
+    forward's random draws (dropout, torch.rand...) come from: ``native``, each stack's own generator (fast; the
+    stacks draw different numbers), or ``portable``, one counter-based generator computed inside the step, the same
+    bits on every backend, mesh and process (parity of programs with dropout; docs/parity.md, "Randomness")."""
 
     grad_accum: int = 1
     clip_grad_norm: float | None = None
+    rng: str = "native"
 
     def __post_init__(self) -> None:
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -32,6 +38,8 @@ class StepOptions:
         if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float))
                                                     and self.clip_grad_norm > 0):
             raise ConfigError(f"StepOptions clip_grad_norm must be a number > 0 or None, got {self.clip_grad_norm!r}")
+        if self.rng not in RNG_MODES:
+            raise ConfigError(f"StepOptions rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
 
 
 _CALLABLE = {"callable": True}

@@ -35,6 +35,7 @@ class ChildOptions:
     mesh: str | None = None
     timeout_s: float = 900.0
     extra: list[str] = field(default_factory=list)      # more ``run`` arguments
+    rng: str | None = None
 
 
 @dataclass
@@ -111,6 +112,8 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
         cmd += ["--precision", options.precision]
     if options.mesh:
         cmd += ["--mesh", options.mesh]
+    if options.rng:
+        cmd += ["--rng", options.rng]
     return cmd + options.extra
 
 

@@ -35,6 +35,7 @@ from . import checkpoint
 from .evaluation import Evaluator
 from .feed import Feed
 from .record import RunRecord, RunSummary, StepRecord
+from .rng import rng_rows, with_rng
 
 Progress = Callable[[int, StepRecord], None]
 
@@ -121,7 +122,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
     backend.configure(target.device, options.devices, options.dump)
-    executable = backend.lower(program, plan, target, backend_options)
+    executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
         from ..weights import initial_weights  # the reference builds the weights once
 
@@ -162,7 +163,7 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
     ``after_step(done)`` runs after each step (done = completed steps)."""
     executable = prepared.executable
     records: list[StepRecord] = []
-    check = BatchCheck(program.data, expected_rows=program.data.batch_size)
+    check = BatchCheck(program.data, expected_rows=program.data.batch_size, rng_rows=rng_rows(program))
     with Feed(lambda s: executable.fetch(program.data, s, program.seed, check), steps, prefetch) as feed:
         for step in range(start, steps):
             if step - start == warmup:
@@ -262,7 +263,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         write_npz(options.state_out, executable.state_dict())
     return RunRecord(
         xbridge=__version__, program=program.name, config=program.config(), config_hash=program.config_hash,
-        target=str(target), backend_options=prepared.options, precision=program.precision.name,
+        target=str(target), backend_options=prepared.options, precision=program.precision.name, rng=program.step.rng,
         devices=options.devices, mesh=dict(plan.mesh), param_bytes_per_device=plan.bytes_per_device,
         versions=versions, machine=machine(), start_step=start,
         resumed_from=str(resumed.path) if resumed else None,

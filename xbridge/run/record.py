@@ -98,6 +98,7 @@ class RunRecord:
     peak_host_rss_bytes: int
     layout: dict[str, dict[str, Any]]
     compile_cache: dict[str, Any] | None = None   # CompileCache.to_json(): hits, misses, state, caches, seconds
+    rng: str = "native"       # where the forward's random draws came from (StepOptions.rng)
     data: dict[str, Any] = field(default_factory=dict)    # the source's description and whether it is reproducible
     evals: list[EvalRecord] = field(default_factory=list)
     written: str | None = None        # where run.json went (--out)
