@@ -15,22 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from compare_runs import compare, row_figures
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
-
-
-def compare(program: str, precision: str, steps: int, backends: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "xbridge", "compare", program, "--steps", str(steps), "--precision", precision,
-           "--backends", backends, "--format", "json", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"compare {precision} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout)
 
 
 def main() -> None:
@@ -43,15 +33,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for precision in PRECISIONS:
-        record = compare(args.program, precision, args.steps, args.backends, args.out / precision)
-        for row in record["targets"]:
-            m = row.get("metrics")
-            rows.append({"target": row["target"], "precision": precision, "status": row["status"],
-                         "step_ms": m["step_ms_median"] if m else None,
-                         "memory_mib": (m["device_peak_mib"] or m["peak_host_rss_mib"]) if m else None,
-                         "memory_kind": ("device" if m and m["device_peak_mib"] else "host RSS") if m else None,
-                         "final_loss": m["final_loss"] if m else None,
-                         "error": (row.get("error") or "").splitlines()[0] if not m else None})
+        record = compare(args.program, args.steps, args.backends, args.out / precision, "--precision", precision)
+        rows += [{**row_figures(row), "precision": precision} for row in record["targets"]]
     fp32 = {r["target"]: r["step_ms"] for r in rows if r["precision"] == "fp32" and r["step_ms"]}
     for r in rows:
         base = fp32.get(r["target"])

@@ -13,9 +13,10 @@ import xbridge as xb
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
+        self.dropout = dropout
         self.ln1 = nn.LayerNorm(dim)
         self.q = nn.Linear(dim, dim, bias=False)
         self.k = nn.Linear(dim, dim, bias=False)
@@ -30,18 +31,23 @@ class Block(nn.Module):
         h = self.ln1(x)
         q, k, v = (proj(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
                    for proj in (self.q, self.k, self.v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(attn.transpose(1, 2).reshape(b, t, d))
-        x = x + self.down(F.gelu(self.up(self.ln2(x))))
+        p = self.dropout if self.training else 0.0
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        if p:   # GPT-2's residual dropout (gpt_dropout)
+            x = x + F.dropout(self.o(attn.transpose(1, 2).reshape(b, t, d)), p)
+            x = x + F.dropout(self.down(F.gelu(self.up(self.ln2(x)))), p)
+        else:
+            x = x + self.o(attn.transpose(1, 2).reshape(b, t, d))
+            x = x + self.down(F.gelu(self.up(self.ln2(x))))
         return xb.shard(x, "data", None, None)
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(seq, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         nn.init.normal_(self.pos, std=0.02)
@@ -63,10 +69,11 @@ def loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def gpt_program(name: str, dim: int, layers: int, heads: int, seq: int, batch: int, lr: float) -> xb.Program:
+def gpt_program(name: str, dim: int, layers: int, heads: int, seq: int, batch: int, lr: float,
+                dropout: float = 0.0) -> xb.Program:
     return xb.Program(
         name=name,
-        model=lambda: GPT(vocab=256, dim=dim, layers=layers, heads=heads, seq=seq),
+        model=lambda: GPT(vocab=256, dim=dim, layers=layers, heads=heads, seq=seq, dropout=dropout),
         loss=loss,
         data=xb.data.ByteText.python_stdlib(seq_len=seq + 1, batch_size=batch),
         optimizer=xb.AdamW(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, schedule=xb.WarmupCosine(20, 1000)),
@@ -87,3 +94,7 @@ program = gpt_program("gpt", dim=256, layers=4, heads=4, seq=256, batch=16, lr=3
 # GPT-2-small class (12 layers of 768, 1024 tokens; 85 M parameters with the byte vocabulary), sized for one
 # accelerator: `xbridge compare programs/gpt.py:gpt2_small --precision bf16-mixed` (bench/accelerator.sh).
 gpt2_small = gpt_program("gpt2-small", dim=768, layers=12, heads=12, seq=1024, batch=32, lr=6e-4)
+
+# The GPT with GPT-2's dropout (0.1 on attention weights and both residual branches): what portable randomness
+# costs (bench/rng.py); its parity needs --rng portable.
+gpt_dropout = gpt_program("gpt-dropout", dim=256, layers=4, heads=4, seq=256, batch=16, lr=3e-3, dropout=0.1)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from xbridge.data.contract import RNG_KEY
-from xbridge.errors import LoweringError
+from xbridge.errors import ProgramError
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -146,7 +146,7 @@ class PortableRandom(TorchFunctionMode):
         handler = _HANDLERS.get(func)
         if handler is None:
             if func in _REFUSED:
-                raise LoweringError(f"{_REFUSED[func]} has no portable form (--rng portable): draw with torch.rand/"
+                raise ProgramError(f"{_REFUSED[func]} has no portable form (--rng portable): draw with torch.rand/"
                                     "randn/bernoulli or dropout, or run with --rng native")
             return func(*args, **kwargs)
         return handler(self, *args, **kwargs)
@@ -302,3 +302,63 @@ def portable_loss(loss: Callable[[Any, dict[str, Any]], Any], seed: int) -> Call
     loss_with_portable_rng.portable_rng = True    # type: ignore[attr-defined]  # (xbridge.run.rng.with_rng)
     loss_with_portable_rng.user_loss = loss       # type: ignore[attr-defined]  # (program_file.source_of)
     return loss_with_portable_rng
+
+
+# -- finding the random draws of a program (parity under --rng native) ------------------------------------------------
+_DROPOUTS = {F.dropout: "dropout", torch.dropout: "dropout", F.dropout1d: "dropout1d", F.dropout2d: "dropout2d",
+             F.dropout3d: "dropout3d", F.alpha_dropout: "alpha_dropout", F.feature_alpha_dropout: "alpha_dropout"}
+
+
+class _Recorder(TorchFunctionMode):
+    """Notes each random draw of a forward pass with the module it happened in."""
+
+    def __init__(self, where: list[str]) -> None:
+        super().__init__()
+        self.where = where
+        self.found: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func: Callable, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = None
+        if func in _DROPOUTS:
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
+            name = _DROPOUTS[func] if training and p > 0 else None
+        elif func is F.scaled_dot_product_attention:
+            p = args[5] if len(args) > 5 else kwargs.get("dropout_p", 0.0)
+            name = "scaled_dot_product_attention(dropout_p)" if p > 0 else None
+        elif func in _HANDLERS or func in _REFUSED:
+            name = getattr(func, "__name__", str(func))
+        if name is not None:
+            self.found.append((self.where[-1] if self.where else "(loss)", name))
+        return func(*args, **kwargs)
+
+
+def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
+    """(module, op) of every random draw one training forward of ``program`` makes, in execution order: the model
+    built on the meta device and the loss run on a meta ``batch`` (shapes only, no arithmetic)."""
+    from xbridge.weights import meta_model
+
+    model = meta_model(program)
+    model.train()
+    where: list[str] = []
+    handles = []
+    def enter(name: str) -> None:
+        where.append(name or "(model)")
+
+    def leave() -> None:    # returns None: a forward hook's result would replace the module's output
+        where.pop()
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(name)))
+        handles.append(module.register_forward_hook(lambda m, a, o: leave()))
+    meta = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta") for k, v in batch.items()}
+    recorder = _Recorder(where)
+    try:
+        with recorder:
+            program.loss(model, meta)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorder.found

@@ -174,6 +174,9 @@ def print_parity(record: dict[str, Any]) -> None:
                                  else ""))
         table.add_row(*cells)
     console.print(table)
+    for r in record["targets"]:
+        if r.get("cause"):
+            console.print(f"{escape(r['target'])}: [red]FAIL[/] because {escape(r['cause'])}")
 
 
 def print_caches(record: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,6 +87,31 @@ def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weigh
     return outcome
 
 
+def random_draws(program: Program) -> list[tuple[str, str]]:
+    """(module, op) of each random draw of one training forward, found on the meta device before anything runs
+    (backends/_torch/portable_rng.py); empty when none is found or the model cannot run on the meta device."""
+    import importlib
+
+    from ..data.contract import checked_batch
+
+    portable = importlib.import_module("xbridge.backends._torch.portable_rng")
+    try:
+        return list(portable.random_draws(program, checked_batch(program.data, 0, program.seed)))
+    except Exception:  # a model that cannot run shapes-only: nothing is known, parity runs as it would
+        return []
+
+
+def random_cause(draws: list[tuple[str, str]]) -> str:
+    """One line: why a program with random draws fails parity under --rng native, and the two ways out."""
+    counts: dict[str, int] = {}
+    for _, op in draws:
+        counts[op] = counts.get(op, 0) + 1
+    ops = ", ".join(f"{op} x{n}" for op, n in counts.items())
+    modules = list(dict.fromkeys(module for module, _ in draws))
+    return (f"each stack draws its own random numbers (--rng native): {ops} in {len(modules)} module(s), the first "
+            f"{modules[0]!r}; rerun with --rng portable, or disable dropout for the check")
+
+
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
            progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the reference and every target from the same weights; return the verdicts (also written to
@@ -97,6 +123,9 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     out.mkdir(parents=True, exist_ok=True)
     weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
     census = program.precision.name != "fp32"     # which dtype the matmuls ran in: compared below
+    draws = random_draws(program) if program.step.rng == "native" else []     # checked before anything runs
+    if draws:
+        print(f"note: {program.name}: {random_cause(draws)}", file=sys.stderr)
     # (tag, target, precision, census): every run starts from the same weights file, so they are independent;
     # --jobs N runs N at a time (each its own process), the reference first
     runs = [("reference", reference, options.precision, census)]
@@ -150,6 +179,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             if options.bisect and ref.trace is not None and row.trace is not None:
                 found = first_divergence(ref.trace, row.trace, tol.loss_rtol)
                 entry["first_divergent_module"] = None if found is None else {"module": found[0], "deviation": found[1]}
+            if draws and entry["verdict"] == "FAIL":
+                entry["cause"] = random_cause(draws)
         rows.append(entry)
         if progress:
             progress(target, entry)
@@ -161,7 +192,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                       **({"matmul_dtypes": ref.matmul_dtypes} if census else {})},
         "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
                                                      "losses": fp32.losses if fp32.run.result else None},
-        "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows),
+        "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows), "rng": program.step.rng,
+        "random_draws": [{"module": module, "op": op} for module, op in draws],
     }
     write_json(out / "parity.json", record)
     return record
