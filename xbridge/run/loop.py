@@ -221,8 +221,10 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
     if resumed is not None:
         executable.load_training_state(resumed.train)
     if options.trace_out is not None:
-        write_npz(options.trace_out, executable.trace_modules(
-            checked_batch(program.data, start, program.seed)))
+        # the training batch as the step sees it (with --rng portable, its rows for the generator: the traced
+        # forward draws what the step draws)
+        check = BatchCheck(program.data, expected_rows=program.data.batch_size, rng_rows=rng_rows(program))
+        write_npz(options.trace_out, executable.trace_modules(check(program.data.batch(start, program.seed), start)))
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
     assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)
