@@ -176,6 +176,15 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", BAD_DATA + ":mismatched_arrays"], "bad_data.py: Arrays: arrays have different numbers of examples {'x': 10, 'y': 9}"),
     (["run", BAD_DATA + ":tokens", "--resume", "{ws}/ck_tokens", "--steps", "4"],
      "ck_tokens/step-00000002': data 'tokens.bin' changed since it was saved (fingerprint "),
+    # flags that need another flag, empty lists, choices
+    (["run", MLP, "--keep", "2"], "--keep needs --checkpoint-dir DIR"),
+    (["run", MLP, "--allow-config-change"], "--allow-config-change needs --resume CHECKPOINT"),
+    (["compare", MLP, "--backends", ""], "--backends names no target; give some"),
+    (["parity", MLP, "--backends", " , "], "--backends names no target; give some"),
+    (["run", MLP, "--rng", "philox"], "--rng must be one of native, portable, got 'philox'"),
+    (["compare", MLP, "--backends", "jax-cpu", "--reference", "xla-cpu"],
+     "--reference 'xla-cpu': the reference must be an eager target"),
+    (["compare", MLP, "--steps", "1"], "compare needs --steps >= 2 and 0 < --warmup < --steps, got 1 and 0"),
 ]
 
 

@@ -111,3 +111,12 @@ def test_the_reference_is_an_eager_target_this_machine_has(tmp_path, command, re
     assert proc.returncode == 2
     assert fragment in one_error_line(proc)
     assert not any(out.rglob("*.json"))
+
+
+def test_compare_warmup_follows_a_short_run(tmp_path):
+    """--warmup defaults to 3, or steps - 1 when fewer steps are run (as `run`'s does)."""
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--backends", "eager-cpu", "--steps", "2", "--format",
+                   "json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout)
+    assert record["options"]["warmup"] == 1 and record["targets"][0]["status"] == "ok"

@@ -78,3 +78,14 @@ def test_cache_command_lists_and_clears(tmp_path):
     assert cleared.returncode == 0 and [r["name"] for r in json.loads(cleared.stdout)["caches"]] == ["jax"]
     assert not (tmp_path / "jax").exists() and (tmp_path / "notes" / "mine.txt").read_text() == "not a cache"
     assert json.loads(_xbridge("cache", "--format", "json", env=env).stdout)["caches"] == []
+
+
+def test_cache_folders_are_the_users_alone(tmp_path, monkeypatch):
+    """0700: the compilers load code and executables from there."""
+    from xbridge.cache import cache_dir
+
+    root = tmp_path / "fresh" / "xbridge"
+    monkeypatch.setenv("XBRIDGE_CACHE_DIR", str(root))
+    path = cache_dir("jax")
+    assert path == root / "jax"
+    assert (root.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o700)

@@ -36,7 +36,7 @@ def parity(tmp_path, program, *args):
 
 # One parity run per device count, every target of that count in it (the reference runs once for all of them):
 # jax and xla at 1 and 4 devices, inductor at 1 and 2. The GPT at 1 device is left to the model zoo's decoders
-# (tests/test_model_zoo.py: Llama, Qwen3-MoE, T5 in fp32, bf16-mixed and bf16-true on every backend) and to
+# (tests/test_model_zoo.py: Llama, Qwen3-MoE and T5 on every backend, fp32 and bf16-mixed, the Llama in bf16-true) and to
 # test_jax_backend.py / test_xla_backend.py.
 GROUPS = [(",".join(SHARDED_CPU_TARGETS), 1), ("jax-cpu,xla-cpu", 4), ("inductor-cpu", 2)]
 # (The GPT on inductor's 2 processes runs in bf16-mixed only: its fp32 tensor-parallel path is the MLP's here and

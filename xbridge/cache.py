@@ -30,8 +30,12 @@ def cache_root() -> Path:
 
 
 def cache_dir(name: str) -> Path:
-    path = cache_root() / name
-    path.mkdir(parents=True, exist_ok=True)
+    """The cache folder ``name``, created (with the root) readable and writable by the user alone (0700): the
+    compilers load what they find there (Inductor's generated code, serialized executables)."""
+    root = cache_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = root / name
+    path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 

@@ -67,7 +67,13 @@ def _load(program_path: str, precision: str | None = None, seed: int | None = No
 
 
 def _target_list(backends: str | None) -> list[str] | None:
-    return [t.strip() for t in backends.split(",") if t.strip()] if backends else None
+    if backends is None:
+        return None
+    targets = [t.strip() for t in backends.split(",") if t.strip()]
+    if not targets:
+        raise ConfigError("--backends names no target; give some (e.g. --backends jax-cpu,xla-cpu), or leave it out "
+                          "for every target available here")
+    return targets
 
 
 def _backend_options(ctx: typer.Context) -> dict[str, str]:
@@ -180,7 +186,7 @@ def run(
     checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here: at the end, every "
                                                           "--checkpoint-every steps and on Ctrl-C."),
     checkpoint_every: int | None = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),
-    keep: int = typer.Option(3, help="Newest checkpoints kept in --checkpoint-dir."),
+    keep: int | None = typer.Option(None, help="Newest checkpoints kept in --checkpoint-dir (default 3)."),
     resume: Path | None = typer.Option(None, help="Continue from a checkpoint (a step-NNNNNNNN directory, or a "
                                                   "checkpoint directory: its newest); --steps stays the total."),
     allow_config_change: bool = typer.Option(False, "--allow-config-change", help="Resume a checkpoint written "
@@ -202,9 +208,14 @@ def run(
     from .tables import print_run
 
     backend_options = _backend_options(ctx)
+    if keep is not None and checkpoint_dir is None:
+        raise ConfigError("--keep needs --checkpoint-dir DIR (the checkpoints it keeps are written there)")
+    if allow_config_change and resume is None:
+        raise ConfigError("--allow-config-change needs --resume CHECKPOINT (it lets a resume take a checkpoint of "
+                          "another program config)")
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
-                         checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                         checkpoint_every=checkpoint_every, keep=3 if keep is None else keep, resume=resume,
                          allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes)
     prog = _load(program, precision, seed, mesh, rng)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
@@ -230,7 +241,8 @@ def compare(
         "(e.g. xla-cpu:xla-mode=openxla,jax-cpu:sharding-mode=shard_map). Default: every target available here; "
         "the reference (--reference) is always run."),
     steps: int = typer.Option(20, help="Steps per target (warm-up included)."),
-    warmup: int = typer.Option(3, help="Leading steps excluded from timing."),
+    warmup: int | None = typer.Option(None, help="Leading steps excluded from timing (default 3, or steps - 1 when "
+                                                 "fewer steps are run)."),
     devices: int = TARGET_DEVICES,
     precision: str | None = typer.Option(None, help="Override the program's precision."),
     rng: str | None = RNG,
@@ -242,6 +254,7 @@ def compare(
     format: Format = FORMAT,
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
+    warmup = min(3, steps - 1) if warmup is None else warmup
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                   precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng)
 
