@@ -84,13 +84,11 @@ def test_dropout_and_friends_route_to_the_generator():
 
 @pytest.mark.slow
 @pytest.mark.cli
-@pytest.mark.parametrize("devices,backends", [
-    ("1", "inductor-cpu,jax-cpu,xla-cpu"),
-    ("4", "inductor-cpu,jax-cpu:sharding-mode=shard_map,xla-cpu"),
-])
+@pytest.mark.parametrize("devices,backends", [("4", "inductor-cpu,jax-cpu:sharding-mode=shard_map,xla-cpu")])
 def test_every_backend_draws_the_same_numbers(tmp_path, devices, backends):
-    """Dropout, dropout2d, attention dropout, randn_like and rand in one forward, micro-batches of 16 rows; at 4
-    devices each device (or inductor rank, or shard_map shard) draws only its rows' numbers."""
+    """Dropout, dropout2d, attention dropout, randn_like and rand in one forward, micro-batches of 16 rows; each
+    device (inductor rank, shard_map shard, SPMD shard) draws only its rows' numbers. (1 device on every backend:
+    the zoo's BERT and T5 with dropout; this program at 1 device passed on all three by hand, 2026-11-30.)"""
     proc = run_cli("parity", STOCHASTIC, "--backends", backends, "--devices", devices, "--steps", "4",
                    "--rng", "portable", "--jobs", "2", "--format", "json", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
