@@ -32,3 +32,31 @@ def row_figures(row: dict[str, Any]) -> dict[str, Any]:
             "memory_kind": ("device" if m and m["device_peak_mib"] else "host RSS") if m else None,
             "final_loss": m["final_loss"] if m else None,
             "error": (row.get("error") or "").splitlines()[0] if not m else None}
+
+
+def race(program: str, steps: int, backends: str, out: Path, setting: str, values: tuple[str, ...]) -> list[dict]:
+    """One compare per value of ``--SETTING`` (one after the other), each target's row with its step time as a
+    ratio to the same target's under ``values[0]`` (``step_vs_<values[0]>``, a ratio within one run); prints the
+    table and writes ``out/<setting>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    record: dict[str, Any] = {}
+    for value in values:
+        record = compare(program, steps, backends, out / value, f"--{setting}", value)
+        rows += [{**row_figures(row), setting: value} for row in record["targets"]]
+    ratio = f"step_vs_{values[0].replace('-', '')}"
+    base = {r["target"]: r["step_ms"] for r in rows if r[setting] == values[0] and r["step_ms"]}
+    for r in rows:
+        r[ratio] = r["step_ms"] / base[r["target"]] if r["target"] in base and r["step_ms"] else None
+    print(f"{'target':14} {setting:11} {'step ms':>9} {'vs ' + values[0]:>11} {'memory MiB':>11} {'final loss':>11}")
+    for r in rows:
+        if r["step_ms"] is None:
+            print(f"{r['target']:14} {r[setting]:11} error: {r['error']}")
+            continue
+        print(f"{r['target']:14} {r[setting]:11} {r['step_ms']:9.1f} {r[ratio]:11.2f} {r['memory_mib']:11.0f} "
+              f"{r['final_loss']:11.4f}")
+    path = out / f"{setting}.json"
+    path.write_text(json.dumps({"program": program, "steps": steps, "machine": record.get("machine"), "rows": rows},
+                               indent=2))
+    print(f"wrote {path}")
+    return rows

@@ -14,10 +14,9 @@ Prints a table, writes precision.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from compare_runs import compare, row_figures
+from compare_runs import race
 
 HERE = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
@@ -30,25 +29,7 @@ def main() -> None:
     parser.add_argument("--backends", default="eager-cpu,inductor-cpu,jax-cpu,xla-cpu")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "precision")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for precision in PRECISIONS:
-        record = compare(args.program, args.steps, args.backends, args.out / precision, "--precision", precision)
-        rows += [{**row_figures(row), "precision": precision} for row in record["targets"]]
-    fp32 = {r["target"]: r["step_ms"] for r in rows if r["precision"] == "fp32" and r["step_ms"]}
-    for r in rows:
-        base = fp32.get(r["target"])
-        r["step_vs_fp32"] = r["step_ms"] / base if base and r["step_ms"] else None
-    print(f"{'target':14} {'precision':11} {'step ms':>9} {'vs fp32':>8} {'memory MiB':>11} {'final loss':>11}")
-    for r in rows:
-        if r["step_ms"] is None:
-            print(f"{r['target']:14} {r['precision']:11} error: {r['error']}")
-            continue
-        print(f"{r['target']:14} {r['precision']:11} {r['step_ms']:9.1f} {r['step_vs_fp32']:8.2f} "
-              f"{r['memory_mib']:11.0f} {r['final_loss']:11.4f}")
-    (args.out / "precision.json").write_text(json.dumps({"program": args.program, "steps": args.steps,
-                                                         "machine": record.get("machine"), "rows": rows}, indent=2))
-    print(f"wrote {args.out / 'precision.json'}")
+    race(args.program, args.steps, args.backends, args.out, "precision", PRECISIONS)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ and noisy), memory and final loss. Prints a table, writes rng.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from compare_runs import compare, row_figures
+from compare_runs import race
 
 HERE = Path(__file__).resolve().parent
 MODES = ("native", "portable")
@@ -28,25 +27,7 @@ def main() -> None:
     parser.add_argument("--backends", default="eager-cpu,inductor-cpu,jax-cpu,xla-cpu")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "rng")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for mode in MODES:
-        record = compare(args.program, args.steps, args.backends, args.out / mode, "--rng", mode)
-        rows += [{**row_figures(row), "rng": mode} for row in record["targets"]]
-    native = {r["target"]: r["step_ms"] for r in rows if r["rng"] == "native" and r["step_ms"]}
-    for r in rows:
-        base = native.get(r["target"])
-        r["step_vs_native"] = r["step_ms"] / base if base and r["step_ms"] else None
-    print(f"{'target':14} {'rng':9} {'step ms':>9} {'vs native':>10} {'memory MiB':>11} {'final loss':>11}")
-    for r in rows:
-        if r["step_ms"] is None:
-            print(f"{r['target']:14} {r['rng']:9} error: {r['error']}")
-            continue
-        print(f"{r['target']:14} {r['rng']:9} {r['step_ms']:9.1f} {r['step_vs_native']:10.2f} "
-              f"{r['memory_mib']:11.0f} {r['final_loss']:11.4f}")
-    (args.out / "rng.json").write_text(json.dumps({"program": args.program, "steps": args.steps,
-                                                   "machine": record.get("machine"), "rows": rows}, indent=2))
-    print(f"wrote {args.out / 'rng.json'}")
+    race(args.program, args.steps, args.backends, args.out, "rng", MODES)
 
 
 if __name__ == "__main__":
