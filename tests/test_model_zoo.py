@@ -55,6 +55,17 @@ def test_models_with_their_default_dropout_match_under_portable_randomness(tmp_p
     assert record["rng"] == "portable"
 
 
+def test_bert_with_dropout_at_four_devices_on_every_backend(tmp_path):
+    """The masked-LM BERT with its default dropout, its loss as xb.LossSum, at 4 devices on the backends that average
+    per-device losses (inductor's 4 ranks, jax's shard_map): each takes the global batch's loss and draws the same
+    masks. (jax GSPMD and xla SPMD take the loss over the global batch: they passed this case too, by hand,
+    2026-11-30, and the stochastic program at 4 devices is in tests/test_portable_rng.py; the model's own mean loss
+    is a different loss at 4 devices there: tests/test_loss_sum.py shows the cause parity names.)"""
+    record = _parity(tmp_path, f"{ZOO}:bert_dropout", "--backends", "inductor-cpu,jax-cpu:sharding-mode=shard_map",
+                     "--rng", "portable", "--devices", "4", steps="4")
+    assert len(record["targets"]) == 2 and all(r["devices"] == 4 for r in record["targets"])
+
+
 def test_a_broken_autocast_policy_fails_parity_on_the_matmul_dtypes(tmp_path):
     """The jax policy made to cast nothing (tests/fixtures/broken_autocast.py): its losses stay within the bf16
     tolerance, and parity fails it because its matmuls ran in float32."""

@@ -16,6 +16,7 @@ from .ir import (
                      AdamW,
                      Constant,
                      Eval,
+                     LossSum,
                      Mesh,
                      Precision,
                      Program,
@@ -28,7 +29,7 @@ from .ir import (
 from .planner import ParamPlan, ShardingPlan, plan
 
 __all__ = [
-    "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Eval", "Mesh", "ParamPlan", "PlanError", "Precision",
-    "Program", "ProgramError", "RunError", "SGD", "Sharding", "ShardingPlan", "StepOptions", "TargetError",
+    "AdamW", "BackendUnavailable", "ConfigError", "Constant", "Eval", "LossSum", "Mesh", "ParamPlan", "PlanError",
+    "Precision", "Program", "ProgramError", "RunError", "SGD", "Sharding", "ShardingPlan", "StepOptions", "TargetError",
     "WarmupCosine", "XBridgeError", "data", "parse_precision", "plan", "shard", "sharding",
 ]

@@ -109,6 +109,17 @@ def _fsdp_spec(shape: tuple[int, ...], axis: str, size: int) -> Spec:
     return ()
 
 
+def _batch_group(batch: Spec) -> tuple[str, ...]:
+    first = batch[0] if batch else None
+    return (first,) if isinstance(first, str) else (first or ())
+
+
+def batch_parts(program: Program, devices: int) -> int:
+    """Into how many row blocks the batch's dimension 0 is split on ``devices`` devices (1: not split)."""
+    sizes = program.mesh.resolve(devices)
+    return math.prod(sizes.get(a, 1) for a in _batch_group(program.sharding.batch))
+
+
 def plan(program: Program, devices: int, model: Any = None) -> ShardingPlan:
     """Resolve ``program``'s mesh on ``devices`` devices and its sharding rules on its parameters."""
     sizes = program.mesh.resolve(devices)
@@ -119,8 +130,7 @@ def plan(program: Program, devices: int, model: Any = None) -> ShardingPlan:
             raise PlanError(f"batch spec {_fmt_spec(sharding.batch)}: mesh axis {axis!r} is not in the mesh "
                             f"(axes: {', '.join(sizes)})")
     if sharding.batch:
-        first = sharding.batch[0]
-        group = (first,) if isinstance(first, str) else (first or ())
+        group = _batch_group(sharding.batch)
         parts = math.prod(sizes[a] for a in group)
         micro = program.data.batch_size // program.step.grad_accum
         if micro % parts:

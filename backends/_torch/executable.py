@@ -57,7 +57,7 @@ class TorchExecutable(TorchTrainState):
 
     def evaluate(self, batch: Any) -> float:
         with hints.activate(self._hints):
-            return float(eval_loss(self.eval_fn, self.model, self.placed(batch), self.program.precision,
+            return float(eval_loss(self.eval_fn, self.model, self.placed(batch), self.program,
                                    self.device.type))
 
     def state_dict(self) -> dict[str, np.ndarray]:

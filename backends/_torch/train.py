@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from xbridge.backend import Executable
+from xbridge.errors import ProgramError
+from xbridge.ir.loss import LossSum, describe_loss_output
 from xbridge.ir.optim import SGD, AdamW
 from xbridge.ir.precision import Precision
 from xbridge.ir.program import Program
@@ -146,11 +148,36 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def eval_loss(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: Precision,
+def loss_parts(out: Any, program: Program) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the loss returned, as float32: (the mean, None), or (the total, the count) of an ``xb.LossSum``."""
+    problem = describe_loss_output(out)
+    if problem is not None:
+        raise ProgramError(f"the loss of program {program.name!r} must return a 0-d tensor or "
+                           f"xb.LossSum(total, count), got {problem}")
+    if isinstance(out, LossSum):
+        total = out.total.float()
+        count = out.count if isinstance(out.count, torch.Tensor) else torch.tensor(out.count)
+        return total, count.to(device=total.device, dtype=torch.float32)
+    return out.float(), None
+
+
+def per_item(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``total / count``; 1 stands for a count of 0 (a batch without items: its total is 0)."""
+    return total / torch.where(count > 0, count, torch.ones_like(count))
+
+
+def eval_parts(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.Tensor], program: Program,
+               device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The loss of one batch in eval mode, no gradient (``xb.Eval``), as :func:`loss_parts`."""
+    with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type):
+        return loss_parts(loss_fn(model, batch), program)
+
+
+def eval_loss(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.Tensor], program: Program,
               device_type: str) -> torch.Tensor:
-    """The loss of one batch in eval mode, no gradient (``xb.Eval``), as float32."""
-    with eval_mode(model), torch.no_grad(), compute_context(precision, device_type):
-        return loss_fn(model, batch).float()
+    """The loss of one batch in eval mode (an ``xb.LossSum``'s total over its count), as float32."""
+    value, count = eval_parts(loss_fn, model, batch, program, device_type)
+    return value if count is None else per_item(value, count)
 
 
 def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
@@ -173,7 +200,11 @@ def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, to
 class TrainStep:
     """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
     scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32
-    tensor."""
+    tensor.
+
+    A loss that returns ``xb.LossSum(total, count)`` is differentiated as its total; the summed gradients are then
+    multiplied by :meth:`normaliser` of the summed counts (1 / count in one process), so the step's loss is the
+    global total over the global count however the batch is split into micro-batches and ranks."""
 
     def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
                  compile: Callable[[Callable], Callable] | None = None, foreach: bool = False) -> None:
@@ -200,13 +231,22 @@ class TrainStep:
         set_lr(self.optimizer, self.lr)
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+        items: torch.Tensor | None = None
         for micro in split_micro(batch, accum):
             with compute_context(program.precision, self.device_type):
                 with self.random_factories():
-                    loss = self.loss_fn(model, micro)
-            loss = loss.float() / accum
+                    value, count = loss_parts(self.loss_fn(model, micro), program)
+            loss = value / accum if count is None else value
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = total + loss.detach()
+            if count is not None:
+                items = count.detach() if items is None else items + count.detach()
+        if items is not None:       # xb.LossSum: the summed gradients and totals over the global count
+            factor = self.normaliser(items)
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(factor)
+            total = total * factor
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if program.step.clip_grad_norm is not None:
@@ -218,6 +258,11 @@ class TrainStep:
             self.optimizer_step()
         self.updates += 1
         return total
+
+    def normaliser(self, count: torch.Tensor) -> torch.Tensor | float:
+        """What the gradients of summed totals are multiplied by, given this process's summed ``xb.LossSum`` count:
+        1 / count here; a data-parallel backend totals the count over its ranks instead."""
+        return per_item(torch.ones_like(count), count)
 
     def clip_gradients(self, max_norm: float) -> None:
         """Global-norm clipping (torch's formula); a sharded backend totals the norm over its ranks instead."""

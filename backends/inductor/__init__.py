@@ -67,6 +67,9 @@ class InductorBackend(TorchDeviceBackend):
             torch._functorch.config.enable_autograd_cache = False
             torch._dynamo.config.debug_dir_root = str(dump / "torch_compile_debug")
 
+    def averages_shard_losses(self, options: dict[str, str]) -> bool:
+        return True      # one process per device, each with its rows; FSDP2 averages the gradients as DDP does
+
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         mode = options["compile_mode"]
         fp16 = program.precision.loss_scale == "dynamic"

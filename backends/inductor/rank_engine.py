@@ -26,7 +26,7 @@ from xbridge.planner import ShardingPlan
 from xbridge.run.feed import Feed
 from xbridge.run.rng import rng_rows
 
-from .._torch.train import TrainStep, batch_to_torch, eval_loss, exact_fp32, tensor_to_numpy
+from .._torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp32, per_item, tensor_to_numpy
 from .executable import InductorExecutable
 from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
 
@@ -62,6 +62,17 @@ class DistributedTrainStep(TrainStep):
         super().__init__(*args, **kwargs)
         if self.scaler is not None:
             self.scaler = ShardedGradScaler(self.device_type, enabled=True)
+        self.batch_group: dist.ProcessGroup | None = None    # set by the engine: the ranks that split the batch
+        self.batch_parts = 1
+
+    def normaliser(self, count: torch.Tensor) -> float:
+        """``batch_parts / global count``: FSDP2 averages the gradients over the batch axis, and the returned loss
+        is averaged over it too (:meth:`RankEngine._batch_mean`); both must come out as the global total over the
+        global count."""
+        if self.batch_group is not None:
+            dist.all_reduce(count, op=dist.ReduceOp.SUM, group=self.batch_group)
+        items = float(count)
+        return self.batch_parts / items if items > 0 else float(self.batch_parts)
 
     def clip_gradients(self, max_norm: float) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -132,6 +143,12 @@ class RankEngine(InductorExecutable):
             self.batch_parts, self.batch_index = 1, 0
         return model
 
+    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
+        step = super().make_train_step(model)
+        assert isinstance(step, DistributedTrainStep)
+        step.batch_group, step.batch_parts = self.batch_group, self.batch_parts
+        return step
+
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """A step on this rank's rows of the global ``batch`` (sent by rank 0)."""
         local = local_rows(batch, self.batch_parts, self.batch_index, self.program.step.grad_accum)
@@ -160,9 +177,16 @@ class RankEngine(InductorExecutable):
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:
         local = local_rows(batch, self.batch_parts, self.batch_index, 1)
         with hints.activate(self._hints):
-            loss = eval_loss(self.eval_fn, self.model, batch_to_torch(local, self.device, self.program.precision),
-                             self.program.precision, self.device.type)
-        return self._batch_mean(loss)
+            loss, count = eval_parts(self.eval_fn, self.model,
+                                     batch_to_torch(local, self.device, self.program.precision), self.program,
+                                     self.device.type)
+        if count is None:
+            return self._batch_mean(loss)
+        if self.batch_group is not None:      # xb.LossSum: the global total over the global count
+            parts = torch.stack([loss, count])
+            dist.all_reduce(parts, op=dist.ReduceOp.SUM, group=self.batch_group)
+            loss, count = parts[0], parts[1]
+        return float(per_item(loss, count))
 
     def _batch_mean(self, loss: torch.Tensor) -> float:
         """The mean of the ranks' losses over the batch axis (the loss of the global batch)."""

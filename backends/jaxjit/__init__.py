@@ -73,6 +73,9 @@ class JaxBackend(Backend):
                     f"{devices}; run in a fresh process or set XLA_FLAGS=--xla_force_host_platform_device_count="
                     f"{devices} before JAX starts") from None
 
+    def averages_shard_losses(self, options: dict[str, str]) -> bool:
+        return options.get("sharding_mode") == "shard_map"   # gspmd takes the loss over the global batch
+
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from .executable import JaxExecutable
 

@@ -164,30 +164,49 @@ class JaxExecutable(Executable):
     # ------------------------------------------------------------------ the step
 
     def _micro_grads(self, params: Any, buffers: Any, batch: Any, scale: Any, divisor: float,
-                     gather: Callable[[Any], Any]) -> tuple[Any, jax.Array, Any]:
+                     gather: Callable[[Any], Any],
+                     count_everywhere: Callable[[jax.Array], jax.Array]) -> tuple[Any, jax.Array, Any]:
         """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale), the
         mean unscaled loss of this device's batch, and the buffers after the last micro-batch's forward (each
-        micro-batch's forward sees the buffers the previous one left, as in eager)."""
+        micro-batch's forward sees the buffers the previous one left, as in eager).
+
+        A loss returning ``xb.LossSum`` is differentiated as its total / divisor; the summed gradient and the summed
+        total are then multiplied by ``divisor / count_everywhere(count)``: the count summed over this device's
+        micro-batches, then over every device (a device holding the same rows as another counts them again, as its
+        total does). Once the caller sums the gradients over the devices (and averages the loss over them: the
+        ``divisor``), both are the global total over the global count."""
         accum = self.program.step.grad_accum
 
-        def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
-            loss, updated = self.lowered(gather(p), bufs, mb)
-            scaled = loss / (accum * divisor)
-            return (scaled * scale if scale is not None else scaled), (loss, updated)
+        def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
+            loss, count, updated = self.lowered(gather(p), bufs, mb)
+            scaled = loss / (accum * divisor) if count is None else loss / divisor
+            return (scaled * scale if scale is not None else scaled), (loss, count, updated)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if accum == 1:
-            (_, (loss, updated)), grads = grad_fn(params, batch, buffers)
-            return grads, loss, updated
-        micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+            (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+            summed: list[bool] = []     # filled while the body is traced: did the loss return xb.LossSum?
 
-        def body(carry: Any, mb: Any) -> tuple[Any, None]:
-            g_acc, l_acc, bufs = carry
-            (_, (loss, bufs)), g = grad_fn(params, mb, bufs)
-            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss / accum, bufs), None
+            def body(carry: Any, mb: Any) -> tuple[Any, None]:
+                g_acc, l_acc, c_acc, bufs = carry
+                (_, (loss, count, bufs)), g = grad_fn(params, mb, bufs)
+                summed.append(count is not None)
+                # a mean: the mean over the micro-batches; a LossSum: the totals and the counts summed
+                l_acc = l_acc + loss / accum if count is None else l_acc + loss
+                c_acc = c_acc + count if count is not None else c_acc
+                return (jax.tree.map(jnp.add, g_acc, g), l_acc, c_acc, bufs), None
 
-        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), buffers)
-        (grads, loss, updated), _ = jax.lax.scan(body, init, micro)
+            init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32),
+                    buffers)
+            (grads, loss, count, updated), _ = jax.lax.scan(body, init, micro)
+            count = count if summed[-1] else None
+        if count is not None:
+            items = count_everywhere(count)
+            factor = divisor / jnp.where(items > 0, items, 1.0)
+            grads = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
+            loss = loss * factor
         return grads, loss, updated
 
     def _apply(self, state: dict[str, Any], grads: Any, loss: jax.Array, buffers: Any,
@@ -239,7 +258,7 @@ class JaxExecutable(Executable):
             def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
                 self.traces += 1
                 grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
-                                                         1.0, lambda p: p)
+                                                         1.0, lambda p: p, lambda c: c)
                 return self._apply(state, grads, loss, buffers, lambda name, x: x)
 
             return jit(step)
@@ -266,7 +285,7 @@ class JaxExecutable(Executable):
             # Each device differentiates its local mean loss / n_devices. The transpose of all_gather sums the
             # gathered axes (psum_scatter); summing the remaining axes gives every device the global gradient.
             grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
-                                                     float(n_devices), gather)
+                                                     float(n_devices), gather, lambda c: jax.lax.psum(c, axes))
             grads = {n: (jax.lax.psum(g, rest) if (rest := tuple(a for a in axes if a not in sharded_axes[n])) else g)
                      for n, g in grads.items()}
             loss = jax.lax.psum(loss, axes) / n_devices
@@ -309,7 +328,8 @@ class JaxExecutable(Executable):
 
             def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
                 with eval_mode(model):
-                    return self.lowered(params, buffers, b)[0]
+                    loss, count, _ = self.lowered(params, buffers, b)
+                    return loss if count is None else loss / jnp.where(count > 0, count, 1.0)
 
             self._eval = jax.jit(loss_in_eval_mode)
         with matmul_precision(self.program.precision.compute):

@@ -20,7 +20,8 @@ from torchax import interop
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
-from xbridge.errors import LoweringError
+from xbridge.errors import LoweringError, ProgramError
+from xbridge.ir.loss import LossSum, describe_loss_output
 from xbridge.ir.program import Program
 
 from .._torch.train import torch_dtype
@@ -73,7 +74,9 @@ class LoweredLoss:
         return list(self.module.params)
 
     def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
-                 batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+                 batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array | None, dict[str, jax.Array]]:
+        """The loss of one (micro-)batch: (its value, the item count of an ``xb.LossSum`` or None for a mean, the
+        buffers its forward left)."""
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
         amp = autocast.compute_autocast(self.env, torch_dtype(precision.compute) if precision.mixed else None)
@@ -102,13 +105,18 @@ class LoweredLoss:
                                 "register it as a buffer") from None
         finally:
             self.tracker.stack.clear()
-        out = self.env.t2j_iso(loss)
-        if not isinstance(out, jax.Array) or out.shape != ():
-            raise LoweringError(f"the loss of program {self.program.name!r} must return a scalar tensor, got "
-                                f"{getattr(out, 'shape', type(out).__name__)}")
+        problem = describe_loss_output(loss)
+        if problem is not None:
+            raise ProgramError(f"the loss of program {self.program.name!r} must return a 0-d tensor or "
+                                f"xb.LossSum(total, count), got {problem}")
+        if isinstance(loss, LossSum):
+            value, count = self.env.t2j_iso(loss.total), self.env.t2j_iso(loss.count)
+            count = jnp.asarray(count, jnp.float32)
+        else:
+            value, count = self.env.t2j_iso(loss), None
         # torchax runs an in-place update (running_mean.mul_(...)) by giving the tensor a new array: read them back
         updated = {n: jnp.asarray(self.env.t2j_iso(t)).astype(buffers[n].dtype) for n, t in b.items()}
-        return out.astype(jnp.float32), updated
+        return jnp.asarray(value).astype(jnp.float32), count, updated
 
 
 def sharding_hint(mesh: jax.sharding.Mesh, axis_sizes: dict[str, int]) -> hints.Handler:

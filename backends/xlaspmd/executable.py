@@ -222,7 +222,7 @@ class XlaExecutable(TorchTrainState):
         """The loss in eval mode as lazy tensors (one XLA graph, compiled once), in either mode."""
         tensors = self.put(batch) if on_host(batch) else batch
         with hints.activate(self._lazy_hint):
-            loss = eval_loss(self.program.loss, self.model, tensors, self.program.precision, "xla")
+            loss = eval_loss(self.program.loss, self.model, tensors, self.program, "xla")
         return float(loss.item())
 
     def state_dict(self) -> dict[str, np.ndarray]:

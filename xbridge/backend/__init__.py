@@ -186,6 +186,12 @@ class Backend:
     sharded: bool = True        # False: runs on one device and ignores the mesh (its plan collapses every axis to 1)
     unsupported: dict[str, str] = {}   # device -> why this backend cannot ever target it
 
+    def averages_shard_losses(self, options: dict[str, str]) -> bool:
+        """True when, with ``options``, each device or process takes the loss over its own rows and the step averages
+        those losses (torch DDP's semantics) rather than taking the loss over the global batch: a loss normalised by a
+        count the data decides then differs from the reference's (parity says so; ``xb.LossSum`` is exact)."""
+        return False
+
     def missing_package(self) -> str | None:
         for module in self.requires:
             if importlib.util.find_spec(module) is None:

@@ -87,7 +87,7 @@ class Program:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"Program name must be a non-empty string, got {self.name!r}")
         for attr, kind in (("model", "a function that builds the nn.Module"),
-                           ("loss", "a function loss(model, batch) -> scalar tensor")):
+                           ("loss", "a function loss(model, batch) -> a 0-d tensor or xb.LossSum(total, count)")):
             if not callable(getattr(self, attr)):
                 raise ConfigError(f"Program {self.name!r}: {attr} must be {kind}, got "
                                   f"{type(getattr(self, attr)).__name__}")

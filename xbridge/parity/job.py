@@ -20,7 +20,16 @@ from .. import __version__
 from ..errors import ConfigError
 from ..files import read_npz, write_json, write_npz
 from ..ir.program import Program
-from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_reference, resolve_targets, run_target
+from ..planner import batch_parts
+from ..run.isolated import (
+    REFERENCE,
+    ChildOptions,
+    TargetRun,
+    averages_shard_losses,
+    resolve_reference,
+    resolve_targets,
+    run_target,
+)
 from . import policy
 from .divergence import first_divergence
 
@@ -112,6 +121,28 @@ def random_cause(draws: list[tuple[str, str]]) -> str:
             f"{modules[0]!r}; rerun with --rng portable, or disable dropout for the check")
 
 
+def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, limit: float) -> str | None:
+    """Why a backend that averages per-device losses fails when the loss does not survive a split batch (step 0's
+    batch taken whole and as its shards, eval mode, fp32, in this process), or None when it does."""
+    import importlib
+
+    parts = batch_parts(program, devices)
+    if parts == 1:
+        return None
+    split = importlib.import_module("xbridge.backends._torch.loss_split")
+    try:
+        whole, shards = split.split_losses(program, weights, parts)
+    except Exception:  # the check is an explanation: a model it cannot run is left to the verdict alone
+        return None
+    gap = abs(shards - whole) / max(abs(whole), 1e-12)
+    if not gap > limit:
+        return None
+    return (f"the loss is a mean over a count the data decides: step 0's batch gives {whole:.6g} whole and "
+            f"{shards:.6g} as the mean of its {parts} shards' losses (eval mode, {gap:.1e} apart), and this target "
+            "averages per-device losses as torch DDP does; return xb.LossSum(total, count) from the loss for one "
+            "global mean on every backend (docs/writing-a-program.md)")
+
+
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
            progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the reference and every target from the same weights; return the verdicts (also written to
@@ -121,7 +152,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     reference = resolve_reference(options.reference)
     targets = [t for t in resolve_targets(options.targets, reference) if t != reference] or [reference]
     out.mkdir(parents=True, exist_ok=True)
-    weights_file = write_npz(out / "initial_weights.npz", initial_weights(program))
+    weights = initial_weights(program)
+    weights_file = write_npz(out / "initial_weights.npz", weights)
     census = program.precision.name != "fp32"     # which dtype the matmuls ran in: compared below
     draws = random_draws(program) if program.step.rng == "native" else []     # checked before anything runs
     if draws:
@@ -146,6 +178,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         finished = {target: pending[target].result() for target in targets}
     tol = policy.tolerance(program.precision)
     rows = []
+    checked: dict[str, str | None] = {}
     for target in targets:
         row = finished[target]
         entry: dict[str, Any] = {"target": target, "status": row.run.status, "devices": row.run.devices}
@@ -181,6 +214,11 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 entry["first_divergent_module"] = None if found is None else {"module": found[0], "deviation": found[1]}
             if draws and entry["verdict"] == "FAIL":
                 entry["cause"] = random_cause(draws)
+            elif entry["verdict"] == "FAIL" and options.devices > 1 and averages_shard_losses(target):
+                if "split" not in checked:       # once per parity run, and only when it can explain a failure
+                    checked["split"] = split_cause(program, weights, options.devices, tol.loss_rtol)
+                if checked["split"]:
+                    entry["cause"] = checked["split"]
         rows.append(entry)
         if progress:
             progress(target, entry)

@@ -91,6 +91,15 @@ def split_variant(entry: str) -> tuple[str, list[str]]:
     return str(target), [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), value)]
 
 
+def averages_shard_losses(entry: str) -> bool:
+    """Whether target ``entry`` (with its variant options) averages per-device losses over a split batch (torch DDP's
+    semantics) instead of taking the loss over the global batch (:meth:`Backend.averages_shard_losses`)."""
+    target_text, *parts = entry.split(":")
+    target, backend = registry.resolve(target_text)
+    given = {name.replace("-", "_"): value for name, _, value in (part.partition("=") for part in parts)}
+    return backend.averages_shard_losses(backend.resolve_options(given, str(target)))
+
+
 def resolve_targets(requested: list[str] | None, reference: str = REFERENCE) -> list[str]:
     """The targets to run, the reference first: every available one, or the requested ones with their variants
     kept (``xla:xla-mode=openxla`` -> ``xla-cpu:xla-mode=openxla``)."""
