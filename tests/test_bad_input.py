@@ -35,7 +35,38 @@ def _rewrite(step_dir, change):
     manifest = json.loads((step_dir / "manifest.json").read_text())
     manifest["files"]["model.safetensors"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     manifest["tensors"]["model.safetensors"] = {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}
-    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    _write_manifest(step_dir, manifest)
+
+
+def _write_manifest(step_dir, manifest, commit=True):
+    """Write ``manifest`` as the checkpoint's, with a matching COMMIT (as an editor that knows the format would)
+    or, with ``commit=False``, leaving the old one (a hand edit)."""
+    text = json.dumps(manifest).encode()
+    (step_dir / "manifest.json").write_bytes(text)
+    if commit:
+        (step_dir / "COMMIT").write_text(f"sha256 {hashlib.sha256(text).hexdigest()}\n")
+
+
+def _edit_manifest(step_dir, **fields):
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    for key, value in fields.items():
+        if key == "bytes":
+            del manifest["files"]["model.safetensors"]["bytes"]
+        else:
+            manifest[key] = value
+    _write_manifest(step_dir, manifest)
+
+
+def _rewrite_train(step_dir, change):
+    import safetensors.numpy
+
+    path = step_dir / "train.safetensors"
+    arrays = change(safetensors.numpy.load(path.read_bytes()))
+    data = safetensors.numpy.save(arrays)
+    path.write_bytes(data)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["train.safetensors"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    _write_manifest(step_dir, manifest)
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +91,24 @@ def workspace(tmp_path_factory, mlp_program):
     _rewrite(variant("missing"), lambda a: {k: v for k, v in a.items() if k != "fc1.bias"})
     _rewrite(variant("reshaped"), lambda a: {**a, "fc1.weight": np.ascontiguousarray(a["fc1.weight"][:, :-1])})
     (variant("badjson") / "manifest.json").write_text("{not json")
+    edited = variant("edited") / "manifest.json"
+    edited.write_text(edited.read_text().replace('"step": 4', '"step": 2'))      # by hand: COMMIT not updated
+    _edit_manifest(variant("restepped"), step=2)
+    _edit_manifest(variant("fractional"), step=2.7)
+    _edit_manifest(variant("wordstep"), step="abc")
+    _edit_manifest(variant("nobytes"), bytes=None)
+    _edit_manifest(variant("nulltensors"), tensors=None)
+    (variant("nocommit") / "COMMIT").unlink()
+    _rewrite(variant("int8"), lambda a: {**a, "fc1.weight": a["fc1.weight"].astype(np.int8)})
+    _rewrite_train(variant("updates"), lambda a: {**a, "loop/updates": np.array(3, dtype=np.int64)})
+    (ws / "linked").mkdir()
+    (ws / "linked" / last.name).symlink_to(last, target_is_directory=True)
     (ws / "empty").mkdir()
     (ws / "afile.txt").write_text("keep me")
     (ws / "out").mkdir()
     (ws / "out" / "run.json").write_text('{"mine": true}')
     np.savez(ws / "other.npz", w=np.zeros(3, np.float32))
+    np.save(ws / "one.npy", np.zeros(3, np.float32))
     _data_files(ws)
     return ws
 
@@ -112,7 +156,7 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--steps", "0"], "--steps must be >= 1, got 0"),
     (["run", MLP, "--steps", "3", "--warmup", "3"], "--warmup must be in [0, steps)"),
     (["run", MLP, "--devices", "0"], "--devices must be >= 1, got 0"),
-    (["run", MLP, "--seed", "-1"], "Program 'mlp': seed must be an int >= 0, got -1"),
+    (["run", MLP, "--seed", "-1"], "Program 'mlp': seed must be an int in [0, 2**63), got -1"),
     (["run", MLP, "--format", "yaml"], "Invalid value for '--format'"),
     (["run", MLP, "--stesp", "3"], "No such option: --stesp"),
     (["run", MLP, "--sharding-mode", "gspmd"], "target eager-cpu takes no --sharding-mode"),
@@ -162,6 +206,37 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir DIR"),
     (["run", MLP, "--checkpoint-every", "0", "--checkpoint-dir", "{ws}/new"], "--checkpoint-every must be >= 1, got 0"),
     (["run", MLP, "--keep", "0", "--checkpoint-dir", "{ws}/new"], "--keep must be >= 1, got 0"),
+    (["run", MLP, "--resume", "{ws}/edited"], "manifest.json' was changed after it was written (its SHA-256 differs from COMMIT's)"),
+    (["run", MLP, "--resume", "{ws}/restepped"], "step-00000004' says step 2 in its manifest, its directory name says 4"),
+    (["run", MLP, "--resume", "{ws}/fractional"], "manifest.json': 'step' must be a whole number >= 0, got 2.7"),
+    (["run", MLP, "--resume", "{ws}/wordstep"], "manifest.json': 'step' must be a whole number >= 0, got 'abc'"),
+    (["run", MLP, "--resume", "{ws}/nobytes"], "'files' entry 'model.safetensors' must hold an integer 'bytes' and a string 'sha256'"),
+    (["run", MLP, "--resume", "{ws}/nulltensors"], "manifest.json': 'tensors' must be an object, got NoneType"),
+    (["run", MLP, "--resume", "{ws}/nocommit"], "step-00000004' has no COMMIT file: it was not completely written"),
+    (["run", MLP, "--resume", "{ws}/int8"], "tensor 'fc1.weight' in checkpoint '{ws}/int8/step-00000004' is int8; program 'mlp' stores it as float32"),
+    (["run", MLP, "--resume", "{ws}/updates"], "says step 4 in its manifest, but its optimizer has made 3 updates"),
+    (["run", MLP, "--resume", "{ws}/linked"], "checkpoint '{ws}/linked/step-00000004' is a symbolic link; xbridge deletes old checkpoints"),
+    (["run", MLP, "--checkpoint-dir", "{ws}/linked"], "--checkpoint-dir '{ws}/linked': step-00000004 is a symbolic link"),
+    # programs that cannot train, or that fail in the user's own code: refused before the first step
+    (["run", str(FIXTURES / "bad_programs.py") + ":detached_loss"], "the loss of program 'detached-loss' does not depend on any trainable parameter"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":detached_loss", "--backend", "jax-cpu"], "the loss of program 'detached-loss' does not depend on any trainable parameter"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":integer_loss"], "the loss of program 'integer-loss' must be a floating tensor, got torch.int64"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":vector_loss"], "the loss of program 'vector-loss' must return a 0-d tensor or xb.LossSum(total, count), got shape (64,)"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":missing_key"], "KeyError: 'tokens' raised in the program's code at "),
+    (["run", str(FIXTURES / "bad_programs.py") + ":missing_key", "--backend", "xla-cpu"], "bad_programs.py:25 (in wrong_key)"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":no_parameters"], "the model of program 'no-parameters' has no trainable parameter"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":model_raises"], "RuntimeError: config.json not found next to the program raised in the program's code at "),
+    (["parity", str(FIXTURES / "bad_programs.py") + ":model_raises", "--backends", "jax-cpu"], "bad_programs.py:33 (in broken_model)"),
+    (["run", str(FIXTURES / "exits.py")], "exits.py' called sys.exit(0) at import"),
+    (["run", str(FIXTURES / "exits_with_message.py")], "called sys.exit('config missing') at import"),
+    # output paths: checked before any work
+    (["run", MLP, "--save-state", "{ws}/empty"], "--save-state '{ws}/empty' is a directory; give a file name"),
+    (["run", MLP, "--save-state", "{ws}/afile.txt/state.npz"], "'{ws}/afile.txt' is not a directory"),
+    (["run", MLP, "--trace-modules", "/proc/xbridge-trace.npz"], "--trace-modules '/proc/xbridge-trace.npz' is not writable: /proc refuses new files"),
+    (["run", MLP, "--dump", "{ws}/afile.txt"], "--dump '{ws}/afile.txt' exists and is not a directory"),
+    (["run", MLP, "--out", "{ws}/" + "x" * 300], "is longer than the 255 bytes a file name may have"),
+    (["run", MLP, "--seed", str(2 ** 64)], "seed must be an int in [0, 2**63), got 18446744073709551616"),
+    (["run", MLP, "--init-state", "{ws}/one.npy"], "--init-state '{ws}/one.npy' is a single array (.npy); give an .npz"),
     # data: a batch that changes, files that are wrong, a file that changed since the checkpoint
     (["run", BAD_DATA + ":missing_key", "--steps", "3"], "data Spoiled, step 2: batch key 'y' is missing (step 0 had it)"),
     (["run", BAD_DATA + ":extra_key", "--steps", "3"], "data Spoiled, step 2: batch key 'w' is new (step 0 had keys ['x', 'y'])"),
@@ -201,5 +276,5 @@ def test_bad_input_one_line_exit_2_nothing_changed(args, fragment, workspace):
 
 
 def test_the_corpus_is_large_and_distinct():
-    assert len(BAD_INPUTS) >= 30
+    assert len(BAD_INPUTS) >= 90
     assert len({tuple(a) for a, _ in BAD_INPUTS}) == len(BAD_INPUTS)

@@ -236,3 +236,54 @@ def test_allow_config_change_loads_another_config(tmp_path, mlp_program):
         run(changed, "eager-cpu", RunOptions(steps=4, warmup=1, resume=tmp_path / "ck"))
     result = run(changed, "eager-cpu", RunOptions(steps=4, warmup=1, resume=tmp_path / "ck", allow_config_change=True))
     assert result.start_step == 2 and result.config_changes == ["optimizer"]
+
+
+def test_a_second_writer_is_refused_up_front(tmp_path):
+    """One run at a time per checkpoint directory: a second is refused before it builds anything (and, once the
+    first is done, may write there)."""
+    ck = tmp_path / "ck"
+    first = checkpoint.Writer(ck, 3, 0)
+    proc = run_cli("run", MLP, "--steps", "2", "--checkpoint-dir", str(ck))
+    assert proc.returncode == 2
+    assert one_error_line(proc) == (f"error: --checkpoint-dir {str(ck)!r} is in use by another run (pid {os.getpid()}); "
+                                    "give each run its own checkpoint directory")
+    assert not checkpoint.list_checkpoints(ck)
+    first.release()
+    assert run_cli("run", MLP, "--steps", "2", "--checkpoint-dir", str(ck)).returncode == 0
+    assert [step for step, _ in checkpoint.list_checkpoints(ck)] == [2]
+
+
+def test_only_the_temporary_folders_of_dead_saves_are_removed(tmp_path, mlp_program):
+    ck = tmp_path / "ck"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = ck / f".tmp-step-00000002-{int(dead.stdout)}"             # its process is gone
+    live = ck / f".tmp-step-00000002-{os.getppid()}"                  # a live process's save in progress
+    for folder in (stale, live):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half")
+    run(mlp_program, "eager-cpu", RunOptions(steps=2, warmup=1, checkpoint_dir=ck))
+    assert not stale.exists() and (live / "model.safetensors").read_bytes() == b"half"
+
+
+def test_a_save_that_fails_leaves_no_temporary_folder_and_keeps_the_last_good_one(tmp_path, monkeypatch):
+    """Disk full during the second save: one line naming the directory and the cause (exit 1), the first checkpoint
+    intact, nothing half-written left behind."""
+    ck = tmp_path / "ck"
+    writer = checkpoint.Writer(ck, 3, 0)
+    state = {"w": np.ones(3, np.float32)}
+    train = {"loop/updates": np.array(2, np.int64)}
+    first = writer.save(2, state, train, {})
+    original = checkpoint._write_file
+
+    def full(path, data):
+        if path.name == checkpoint.TRAIN_FILE:
+            raise OSError(28, "No space left on device")
+        return original(path, data)
+
+    monkeypatch.setattr(checkpoint, "_write_file", full)
+    with pytest.raises(RunError) as failed:
+        writer.save(4, state, {"loop/updates": np.array(4, np.int64)}, {})
+    assert str(failed.value) == (f"checkpoint of step 4 could not be written to {str(ck)!r}: No space left on device; "
+                                 f"the last good checkpoint is {first}")
+    assert not list(ck.glob(".tmp-*")) and [s for s, _ in checkpoint.list_checkpoints(ck)] == [2]
+    writer.release()

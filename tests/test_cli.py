@@ -75,3 +75,39 @@ def test_debug_env_shows_the_traceback():
     proc = run_cli("run", "missing.py", env={"XBRIDGE_DEBUG": "1"})
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "ProgramError" in proc.stderr
+
+
+def test_a_program_in_latin_1_under_a_folder_with_a_colon_runs(tmp_path):
+    """A PEP 263 coding line is honoured as `python FILE` honours it, and a ':' in an existing path is part of
+    the path (FILE.py:NAME is split only when the whole text is not a file)."""
+    folder = tmp_path / "exp:1"
+    folder.mkdir()
+    source = (PROGRAMS / "mlp.py").read_text().replace('"""A multilayer', '"""Un r\u00e9seau: a multilayer', 1)
+    (folder / "prog.py").write_bytes(b"# -*- coding: latin-1 -*-\n" + source.encode("latin-1"))
+    for ref in (str(folder / "prog.py"), f"{folder / 'prog.py'}:program"):
+        proc = run_cli("run", ref, "--steps", "2", "--format", "json")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["program"] == "mlp"
+
+
+@pytest.mark.parametrize("failure,line", [
+    (OSError(28, "No space left on device", "/data/out/run.json"),
+     "error: No space left on device on '/data/out/run.json' (errno 28); free the resource or choose another path "
+     "(XBRIDGE_DEBUG=1 shows the traceback)"),
+    (MemoryError(), "error: out of host memory (MemoryError); use a smaller model or batch, fewer --jobs, or a "
+                    "machine with more memory"),
+])
+def test_an_environment_failure_is_one_line_and_exit_1(monkeypatch, capsys, failure, line):
+    """Disk full or out of memory in the middle of a run: the resource named, exit 1 (the program is not at fault)."""
+    from xbridge.cli import main
+    from xbridge.run import loop
+
+    def fails(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setenv("XBRIDGE_DEBUG", "0")
+    monkeypatch.setattr(loop, "run", fails)
+    with pytest.raises(SystemExit) as exited:
+        main(["run", MLP, "--steps", "2", "--format", "json"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == line

@@ -88,7 +88,7 @@ def test_warmup_cosine_values():
     (lambda: _program(optimizer="adam"), "optimizer must be xb.SGD(...) or xb.AdamW(...), got str"),
     (lambda: _program(data=[1, 2]), "has no batch(step, seed) method"),
     (lambda: _program(model=3), "model must be a function that builds the nn.Module"),
-    (lambda: _program(seed=-1), "seed must be an int >= 0"),
+    (lambda: _program(seed=-1), "seed must be an int in [0, 2**63)"),
     (lambda: _program(step=xb.StepOptions(grad_accum=3)), "batch_size 8 is not divisible by grad_accum 3"),
     (lambda: xb.Mesh(data=-1, model=-1), "at most one mesh axis may have size -1"),
     (lambda: xb.Mesh(data=0), "mesh axis 'data' has size 0"),

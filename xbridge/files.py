@@ -16,11 +16,45 @@ from .errors import ConfigError
 
 def check_writable(directory: Path, flag: str) -> None:
     """Fail early (before any work) if ``directory`` cannot hold results."""
+    _check_names(directory, flag)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{flag} {str(directory)!r} exists and is not a directory")
-    probe = directory if directory.exists() else next((p for p in directory.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise ConfigError(f"{flag} {str(directory)!r} is not writable")
+    _check_creatable(directory, flag)
+
+
+def check_file_writable(path: Path, flag: str) -> None:
+    """Fail early (before any work) if the file ``path`` cannot be written (a folder there, an unwritable parent, a
+    name longer than the file system takes)."""
+    _check_names(path, flag)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory; give a file name (e.g. {str(path / 'state.npz')!r})")
+    _check_creatable(path.parent, flag, shown=path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag} {str(path)!r} exists and is not writable")
+
+
+def _check_names(path: Path, flag: str) -> None:
+    limit = os.pathconf("/", "PC_NAME_MAX")
+    for part in path.parts:
+        if len(os.fsencode(part)) > limit:
+            raise ConfigError(f"{flag} {str(path)[:60]!r}...: the name {part[:24]!r}... is longer than the {limit} "
+                              "bytes a file name may have")
+
+
+def _check_creatable(directory: Path, flag: str, shown: Path | None = None) -> None:
+    """The nearest existing folder of ``directory`` is a folder where a file can be created (tried: permission bits
+    say nothing for root, nor on a read-only or special file system)."""
+    shown = directory if shown is None else shown
+    probe = next((p for p in (directory.absolute(), *directory.absolute().parents) if p.exists()), Path("/"))
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {str(shown)!r}: {str(probe)!r} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".xbridge-probe-")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(shown)!r} is not writable: {probe} refuses new files "
+                          f"({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> Path:
@@ -53,10 +87,14 @@ def read_npz(path: Path, flag: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{flag} {str(path)!r} does not exist")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                return {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"{flag} {str(path)!r} is not a readable .npz of arrays: {exc}") from None
+    raise ConfigError(f"{flag} {str(path)!r} is a single array (.npy); give an .npz of named arrays "
+                      "(numpy.savez(path, **{name: array}))")
 
 
 def write_npz(path: Path, arrays: dict[str, Any]) -> Path:

@@ -35,9 +35,40 @@ def source_of(program: Program) -> tuple[str, str] | None:
     return None
 
 
+def split_ref(ref: str) -> tuple[str, str]:
+    """``FILE.py`` or ``FILE.py:NAME`` -> (file, attribute). A path that exists is taken whole (a ``:`` in a folder
+    or file name stays in it); otherwise the text after the last ``:`` is the attribute when it is an identifier."""
+    if Path(ref).exists():
+        return ref, "program"
+    head, sep, tail = ref.rpartition(":")
+    if sep and tail.isidentifier():
+        return head, tail
+    return ref, "program"
+
+
+def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``exc``'s traceback in the user's code: not xbridge's, not the standard library's, not
+    an installed package's. None when the failure never reached the user's code."""
+    import sysconfig
+
+    here = Path(__file__).resolve().parent
+    outside = [Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    spec = importlib.util.find_spec("xbridge.backends")
+    if spec is not None and spec.origin:
+        outside.append(Path(spec.origin).resolve().parent)
+
+    def is_user(filename: str) -> bool:
+        if filename.startswith("<"):
+            return False
+        path = Path(filename).resolve()
+        return not path.is_relative_to(here) and not any(path.is_relative_to(o) for o in outside)
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user(f.filename)]
+    return frames[-1] if frames else None
+
+
 def load_program(ref: str) -> Program:
-    path_text, _, attr = ref.partition(":") if not Path(ref).exists() else (ref, "", "")
-    attr = attr or "program"
+    path_text, attr = split_ref(ref)
     path = Path(path_text)
     if not path.exists():
         raise ProgramError(f"program file {path_text!r} does not exist; pass the path of a .py file that defines "
@@ -45,13 +76,15 @@ def load_program(ref: str) -> Program:
     if not path.is_file():
         raise ProgramError(f"program path {path_text!r} is not a file")
     try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+        source = path.read_bytes()     # bytes: compile() honours a PEP 263 coding line, as `python FILE` does
+    except OSError as exc:
         raise ProgramError(f"program file {path_text!r} cannot be read: {exc}") from None
     try:
         code = compile(source, str(path), "exec")
     except SyntaxError as exc:
         raise ProgramError(f"program file {path_text!r} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (UnicodeDecodeError, ValueError) as exc:    # not UTF-8 and no coding line, or NUL bytes
+        raise ProgramError(f"program file {path_text!r} cannot be read as Python source: {exc}") from None
     module_name = module_name_for(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None
@@ -61,6 +94,9 @@ def load_program(ref: str) -> Program:
         exec(code, module.__dict__)
     except XBridgeError as exc:
         raise type(exc)(f"{path_text}: {exc}") from exc
+    except SystemExit as exc:
+        raise ProgramError(f"program file {path_text!r} called sys.exit({exc.code!r}) at import; a program file "
+                           "defines `program = xb.Program(...)` and leaves running to xbridge") from None
     except Exception as exc:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         raise ProgramError(f"program file {path_text!r} raised {type(exc).__name__} at import "

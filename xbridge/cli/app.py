@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import json
 import os
 import sys
@@ -20,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from ..errors import ConfigError, XBridgeError
-from ..files import check_writable, read_npz, write_json
+from ..files import check_file_writable, check_writable, read_npz, write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Write a PyTorch training program once; run, match and race it on every compiler stack.")
@@ -221,6 +222,11 @@ def run(
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         check_writable(out, "--out")
+    if dump is not None:
+        check_writable(dump, "--dump")
+    for path, flag in ((save_state, "--save-state"), (trace_modules, "--trace-modules")):
+        if path is not None:
+            check_file_writable(path, flag)
     with progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
         result = run_program(prog, backend, options, progress=tick, weights=weights)
     if out is not None:
@@ -339,6 +345,16 @@ def inspect(
     _emit(info, format, print_inspect)
 
 
+_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EROFS}
+
+
+def _resource_error(exc: OSError) -> None:
+    where = f" on {exc.filename!r}" if exc.filename else ""
+    print(f"error: {exc.strerror}{where} (errno {exc.errno}); free the resource or choose another path "
+          "(XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
     try:
@@ -365,6 +381,23 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
+        if isinstance(exc, MemoryError):   # the environment: exit 1, the resource named
+            print("error: out of host memory (MemoryError); use a smaller model or batch, fewer --jobs, or a machine "
+                  "with more memory", file=sys.stderr)
+            sys.exit(1)
+        if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:    # disk full, quota, I/O: wherever raised
+            _resource_error(exc)
+        from ..program_file import user_frame
+
+        where = user_frame(exc)
+        if where is not None:      # the user's program raised (its model, loss or data): bad input, exit 2
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"error: {type(exc).__name__}{': ' + message if message else ''} raised in the program's code at "
+                  f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback",
+                  file=sys.stderr)
+            sys.exit(2)
+        if isinstance(exc, OSError) and exc.strerror:
+            _resource_error(exc)
         print(f"error: {type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

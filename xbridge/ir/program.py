@@ -111,8 +111,8 @@ class Program:
         if not isinstance(self.step, StepOptions):
             raise ConfigError(f"Program {self.name!r}: step must be xb.StepOptions(...), got "
                               f"{type(self.step).__name__}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"Program {self.name!r}: seed must be an int >= 0, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"Program {self.name!r}: seed must be an int in [0, 2**63), got {self.seed!r}")
         if self.data.batch_size % self.step.grad_accum:
             raise ConfigError(f"Program {self.name!r}: batch_size {self.data.batch_size} is not divisible by "
                               f"grad_accum {self.step.grad_accum}")

@@ -8,18 +8,27 @@ A checkpoint is a directory ``step-NNNNNNNN`` (the number of completed optimizer
   ``momentum_buffer``), ``loop/updates`` (the schedule's count), ``scaler/*`` (dynamic loss scaling) and
   ``rng/*`` (framework RNG states);
 - ``manifest.json``: step, data position, program config and its hashes, precision, target, mesh, versions, and
-  the size and SHA-256 of both tensor files.
+  the size and SHA-256 of both tensor files;
+- ``COMMIT``: the SHA-256 of ``manifest.json``, written last: a manifest edited or damaged afterwards is refused.
+
+Loading checks, before anything is used: the commit, every manifest field's type, the step against the directory's
+name and the ``loop/updates`` counter, both files' sizes and checksums, and every tensor's name, shape and dtype
+against the program's. A step directory that is a symbolic link is refused (pruning would delete through it).
 
 Floating arrays are stored in float32 (exact for bf16 and fp16 state; the manifest records the dtype the run kept
 them in). Nothing is pickled: safetensors holds only a JSON header and raw bytes, so loading never runs code.
 
 Saving writes every file into a hidden temporary directory next to the checkpoints, fsyncs the files and the
 directory, then renames it into place: a process killed at any moment leaves either the new checkpoint complete
-or no trace of it besides a ``.tmp-*`` directory, which the next save removes.
+or no trace of it besides a ``.tmp-*`` directory, which the next save removes when its owner is dead. A save that
+fails (disk full) removes its temporary directory and keeps the last good checkpoint. One writer at a time: a run
+holds an exclusive lock (``.lock``, fcntl) on its checkpoint directory and a second one is refused up front.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -38,8 +47,10 @@ from ..ir.program import Program
 
 FORMAT = "xbridge-checkpoint"
 VERSION = 1
-MODEL_FILE, TRAIN_FILE, MANIFEST = "model.safetensors", "train.safetensors", "manifest.json"
+MODEL_FILE, TRAIN_FILE, MANIFEST, COMMIT = "model.safetensors", "train.safetensors", "manifest.json", "COMMIT"
+LOCK = ".lock"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+_TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)$")
 
 
 def resume_hash(program: Program) -> str:
@@ -67,13 +78,31 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 def locate(path: Path) -> Path:
     """``path`` itself when it is a checkpoint, else the newest checkpoint in the directory ``path``."""
     if (path / MANIFEST).is_file():
+        _refuse_link(path, "--resume")
         return path
     if not path.exists():
         raise CheckpointError(f"--resume {str(path)!r} does not exist")
     found = list_checkpoints(path)
     if not found:
         raise CheckpointError(f"--resume {str(path)!r} holds no checkpoint (no step-NNNNNNNN/{MANIFEST})")
+    _refuse_link(found[-1][1], "--resume")
     return found[-1][1]
+
+
+def _refuse_link(path: Path, flag: str) -> None:
+    if path.is_symlink():
+        raise CheckpointError(f"{flag}: checkpoint {str(path)!r} is a symbolic link; xbridge deletes old checkpoints "
+                              "and never through a link: copy the checkpoint there instead")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # someone else's process
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -113,6 +142,7 @@ class Writer:
             raise CheckpointError(f"--keep must be >= 1, got {keep}")
         self.directory, self.keep = directory, keep
         self.last: Path | None = None
+        self._lock_fd: int | None = None
         self._check_directory(start_step)
 
     def _check_directory(self, start_step: int) -> None:
@@ -125,11 +155,50 @@ class Writer:
             raise CheckpointError(f"--checkpoint-dir {str(directory)!r} cannot be created: {exc.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise CheckpointError(f"--checkpoint-dir {str(directory)!r} is not writable")
+        for _, found in list_checkpoints(directory):
+            if found.is_symlink():
+                raise CheckpointError(f"--checkpoint-dir {str(directory)!r}: {found.name} is a symbolic link; xbridge "
+                                      "deletes old checkpoints and never through a link: move it out first")
         later = [step for step, _ in list_checkpoints(directory) if step > start_step]
         if later:
             raise CheckpointError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints up to step "
                                   f"{max(later)} and this run starts at step {start_step}; resume from it "
                                   f"(--resume {directory}) or choose another directory")
+        self._lock(directory)       # last: a refused directory is left as it was
+
+    def _lock(self, directory: Path) -> None:
+        """An exclusive lock held until this process ends: a second run writing here is refused up front."""
+        try:
+            fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r}: its lock file cannot be created: "
+                                  f"{exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise CheckpointError(f"--checkpoint-dir {str(directory)!r} is in use by another run (pid {owner}); "
+                                  "give each run its own checkpoint directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd       # closed (and the lock released) when the process ends
+
+    def release(self) -> None:
+        """Give the directory's lock back (the end of a run; the process ending does it too)."""
+        fd = self._lock_fd
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._lock_fd = None
+
+    def _remove_stale(self) -> None:
+        """Temporary directories of saves whose process died (killed mid-save); a live owner's are left alone."""
+        for stale in self.directory.glob(".tmp-step-*"):
+            match = _TMP_DIR.match(stale.name)
+            owner = int(match.group(1)) if match else None
+            if owner is None or (owner != os.getpid() and not _alive(owner)):
+                shutil.rmtree(stale, ignore_errors=True)
 
     def save(self, step: int, model: dict[str, np.ndarray], train: dict[str, np.ndarray],
              info: dict[str, Any]) -> Path:
@@ -140,26 +209,34 @@ class Writer:
         if bad is not None:
             kept = f"; the last good checkpoint is {self.last}" if self.last else ""
             raise RunError(f"not saving step {step}: {bad!r} holds NaN or Inf{kept}")
-        for stale in self.directory.glob(".tmp-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)    # left by a save that was killed
+        self._remove_stale()
         final = step_dir(self.directory, step)
         if final.exists():
             raise CheckpointError(f"checkpoint {str(final)!r} already exists; it is not overwritten")
         tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
-        tmp.mkdir()
-        files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
-        files[TRAIN_FILE] = _write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
-        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "files": files,
-                    "tensors": {MODEL_FILE: _describe(model), TRAIN_FILE: _describe(train)},
-                    "rng": sorted(k for k in train if k.startswith("rng/")),
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(self.directory)
+        try:
+            tmp.mkdir()
+            files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
+            files[TRAIN_FILE] = _write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
+            manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "files": files,
+                        "tensors": {MODEL_FILE: _describe(model), TRAIN_FILE: _describe(train)},
+                        "rng": sorted(k for k in train if k.startswith("rng/")),
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            text = json.dumps(manifest, indent=2).encode()
+            _write_file(tmp / MANIFEST, text)
+            _write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+            _fsync_dir(self.directory)
+        except OSError as exc:      # disk full, quota, I/O error: nothing half-written stays, the last good one does
+            shutil.rmtree(tmp, ignore_errors=True)
+            kept = f"; the last good checkpoint is {self.last}" if self.last else ""
+            raise RunError(f"checkpoint of step {step} could not be written to {str(self.directory)!r}: "
+                           f"{exc.strerror or exc}{kept}") from None
         self.last = final
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
-            shutil.rmtree(old)
+            if not old.is_symlink():
+                shutil.rmtree(old)
         return final
 
 
@@ -199,7 +276,53 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     for key in ("step", "files", "tensors", "resume_hash", "config_hash"):
         if key not in manifest:
             raise CheckpointError(f"checkpoint manifest {str(file)!r} has no {key!r}")
+    _check_commit(path)
+    problem = _malformed(manifest)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint manifest {str(file)!r}: {problem}")
+    match = _STEP_DIR.match(path.name)
+    if match and int(match.group(1)) != manifest["step"]:
+        raise CheckpointError(f"checkpoint {str(path)!r} says step {manifest['step']} in its manifest, its directory "
+                              f"name says {int(match.group(1))}")
     return manifest
+
+
+def _check_commit(path: Path) -> None:
+    try:
+        line = (path / COMMIT).read_text().split()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {COMMIT} file: it was not completely written, or by "
+                              "an xbridge older than this one") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint file {str(path / COMMIT)!r} cannot be read: {exc}") from None
+    digest = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+    if line != ["sha256", digest]:
+        raise CheckpointError(f"checkpoint manifest {str(path / MANIFEST)!r} was changed after it was written (its "
+                              f"SHA-256 differs from {COMMIT}'s)")
+
+
+def _malformed(manifest: dict[str, Any]) -> str | None:
+    """The first field of the manifest that is not of the type its writer gives it."""
+    step = manifest["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"'step' must be a whole number >= 0, got {step!r}"
+    files, tensors = manifest["files"], manifest["tensors"]
+    if not isinstance(files, dict):
+        return f"'files' must be an object, got {type(files).__name__}"
+    for name, entry in files.items():
+        if (not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int)
+                or not isinstance(entry.get("sha256"), str)):
+            return f"'files' entry {name!r} must hold an integer 'bytes' and a string 'sha256', got {entry!r}"
+    if not isinstance(tensors, dict):
+        return f"'tensors' must be an object, got {type(tensors).__name__}"
+    for name, table in tensors.items():
+        if not isinstance(table, dict):
+            return f"'tensors' entry {name!r} must be an object, got {type(table).__name__}"
+        for tensor, spec in table.items():
+            if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str)
+                    or not isinstance(spec[1], list)):
+                return f"tensor {tensor!r} of {name!r} must be [dtype, shape], got {spec!r}"
+    return None
 
 
 def _read_tensors(path: Path, name: str, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -249,6 +372,17 @@ def _check_against_program(path: Path, program: Program, weights: dict[str, np.n
                                   f"{tuple(array.shape)}, parameter {param!r} is {params[param]}")
     if "loop/updates" not in train:
         raise CheckpointError(f"checkpoint {str(path)!r} is missing tensor 'loop/updates'")
+    expected = {name: t.dtype for name, t in model.state_dict().items()}
+    for name, array in weights.items():
+        want = expected[name]
+        kind = "float32" if want.is_floating_point else str(want).removeprefix("torch.")
+        if str(array.dtype) != kind:    # floating state is stored in float32 (module docstring)
+            raise CheckpointError(f"tensor {name!r} in checkpoint {str(path)!r} is {array.dtype}; program "
+                                  f"{program.name!r} stores it as {kind}")
+    for key, array in train.items():
+        if key.startswith("optim/") and not key.endswith("/step") and str(array.dtype) != "float32":
+            raise CheckpointError(f"optimizer state {key!r} in checkpoint {str(path)!r} is {array.dtype}, not "
+                                  "float32")
 
 
 def load(path: Path, program: Program, allow_config_change: bool = False) -> Checkpoint:
@@ -267,6 +401,10 @@ def load(path: Path, program: Program, allow_config_change: bool = False) -> Che
     weights = _read_tensors(path, MODEL_FILE, manifest)
     train = _read_tensors(path, TRAIN_FILE, manifest)
     _check_against_program(path, program, weights, train)
+    updates = np.asarray(train["loop/updates"])
+    if updates.shape != () or int(updates) != manifest["step"]:
+        raise CheckpointError(f"checkpoint {str(path)!r} says step {manifest['step']} in its manifest, but its "
+                              f"optimizer has made {updates.tolist()} updates")
     return Checkpoint(path, manifest, weights, train)
 
 

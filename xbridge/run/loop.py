@@ -8,6 +8,7 @@ and compilation, are reported separately and excluded from the steady-state stat
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import platform
@@ -121,6 +122,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
+    importlib.import_module("xbridge.backends._torch.loss_check").check_loss(program)   # before any compile
     backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
@@ -216,6 +218,17 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         raise ConfigError(f"checkpoint {resumed.path} is at step {start} and --steps {options.steps} is the total "
                           f"to reach; nothing is left to run (e.g. --steps {start + options.steps})")
     writer = checkpoint.Writer(options.checkpoint_dir, options.keep, start) if options.checkpoint_dir else None
+    try:
+        return _run(program, target_text, options, progress, weights, resumed, writer)
+    finally:
+        if writer is not None:
+            writer.release()      # the checkpoint directory's lock: another run (in this process too) may write
+
+
+def _run(program: Program, target_text: str, options: RunOptions, progress: Progress | None,
+         weights: dict[str, np.ndarray] | None, resumed: checkpoint.Checkpoint | None,
+         writer: checkpoint.Writer | None) -> RunRecord:
+    start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
     if resumed is not None:

@@ -1,0 +1,55 @@
+"""Checks before compute, the same for every backend: the model has a trainable parameter, and the loss (run once on
+the meta device: shapes only, no arithmetic, no memory) is a floating 0-d value or ``xb.LossSum`` that depends on
+one. A loss that is detached, or computed without the model, would otherwise train nothing (silently, on a
+backend that differentiates whatever it is handed)."""
+
+from __future__ import annotations
+
+import torch
+
+from xbridge.data.contract import checked_batch
+from xbridge.errors import ProgramError
+from xbridge.ir.loss import LossSum, describe_loss_output
+from xbridge.ir.program import Program
+from xbridge.program_file import user_frame
+from xbridge.weights import meta_model
+
+from .train import torch_dtype
+
+__all__ = ["check_loss"]
+
+# raised in the user's code even on the meta device, so they are the program's mistakes, not the check's limits
+_PROGRAM_MISTAKES = (KeyError, NameError, AttributeError, IndexError)
+
+
+def check_loss(program: Program) -> None:
+    """Raise :class:`ProgramError` (or the user's own exception, located by the CLI) when the program cannot train."""
+    model = meta_model(program)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ProgramError(f"the model of program {program.name!r} has no trainable parameter (none with "
+                           "requires_grad=True): there is nothing to train")
+    model.train()
+    floating = torch_dtype(program.precision.params)
+    batch = {}
+    for key, value in checked_batch(program.data, 0, program.seed).items():
+        dtype = torch.from_numpy(value[:0]).dtype
+        batch[key] = torch.empty(value.shape, dtype=floating if dtype.is_floating_point else dtype, device="meta")
+    try:
+        out = program.loss(model, batch)
+    except _PROGRAM_MISTAKES as exc:
+        if user_frame(exc) is not None:
+            raise
+        return
+    except Exception:   # what the meta device cannot run (.item(), data-dependent shapes): left to the first step
+        return
+    problem = describe_loss_output(out)
+    if problem is not None:
+        raise ProgramError(f"the loss of program {program.name!r} must return a 0-d tensor or "
+                           f"xb.LossSum(total, count), got {problem}")
+    value = out.total if isinstance(out, LossSum) else out
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        kind = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ProgramError(f"the loss of program {program.name!r} must be a floating tensor, got {kind}")
+    if not value.requires_grad:
+        raise ProgramError(f"the loss of program {program.name!r} does not depend on any trainable parameter (is it "
+                           "detached, computed under torch.no_grad(), or from the batch alone?): nothing would train")
