@@ -46,9 +46,11 @@ def split_ref(ref: str) -> tuple[str, str]:
     return ref, "program"
 
 
-def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
-    """The innermost frame of ``exc``'s traceback in the user's code: not xbridge's, not the standard library's, not
-    an installed package's. None when the failure never reached the user's code."""
+def user_frame(exc: BaseException) -> tuple[traceback.FrameSummary, str] | None:
+    """Where ``exc`` was raised in the user's code, and what of the program was running: the innermost frame of its
+    traceback outside xbridge, the standard library and installed packages, and the role of the outermost such frame
+    ("loss", "model builder", "data source" of a loaded program, else "code"). None when the failure never reached
+    the user's code."""
     import sysconfig
 
     here = Path(__file__).resolve().parent
@@ -63,8 +65,32 @@ def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
         path = Path(filename).resolve()
         return not path.is_relative_to(here) and not any(path.is_relative_to(o) for o in outside)
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user(f.filename)]
-    return frames[-1] if frames else None
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    summaries = traceback.extract_tb(exc.__traceback__)     # the same frames, in the same order
+    mine = [i for i, frame in enumerate(frames) if is_user(frame.f_code.co_filename)]
+    if not mine:
+        return None
+    return summaries[mine[-1]], _role(frames[mine[0]].f_code)
+
+
+def _role(code: object) -> str:
+    """What part of a loaded program ``code`` (a function's code object) is."""
+    def code_of(fn: object) -> object:
+        fn = getattr(fn, "__func__", fn)
+        if isinstance(fn, type):
+            fn = vars(fn).get("__init__", None)      # a model class: its own __init__
+        return getattr(fn, "__code__", None)
+
+    for _, _, program in _LOADED:
+        loss = getattr(program.loss, "user_loss", program.loss)
+        sources = [program.data] + ([program.eval.data] if program.eval is not None else [])
+        if code is code_of(loss):
+            return "loss"
+        if code is code_of(program.model):
+            return "model builder"
+        if any(code is code_of(getattr(type(source), "batch", None)) for source in sources):
+            return "data source"
+    return "code"
 
 
 def load_program(ref: str) -> Program:

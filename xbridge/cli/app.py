@@ -389,10 +389,11 @@ def main(argv: list[str] | None = None) -> None:
             _resource_error(exc)
         from ..program_file import user_frame
 
-        where = user_frame(exc)
-        if where is not None:      # the user's program raised (its model, loss or data): bad input, exit 2
+        found = user_frame(exc)
+        if found is not None:      # the user's program raised (its model, loss or data): bad input, exit 2
+            where, role = found
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"error: {type(exc).__name__}{': ' + message if message else ''} raised in the program's code at "
+            print(f"error: {type(exc).__name__}{': ' + message if message else ''} raised in the program's {role} at "
                   f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback",
                   file=sys.stderr)
             sys.exit(2)
