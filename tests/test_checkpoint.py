@@ -239,10 +239,11 @@ def test_allow_config_change_loads_another_config(tmp_path, mlp_program):
 
 
 def test_a_second_writer_is_refused_up_front(tmp_path):
-    """One run at a time per checkpoint directory: a second is refused before it builds anything (and, once the
-    first is done, may write there)."""
+    """One run at a time per checkpoint directory: a second is refused before its first step (and, once the first is
+    done, may write there)."""
     ck = tmp_path / "ck"
     first = checkpoint.Writer(ck, 3, 0)
+    first.lock()
     proc = run_cli("run", MLP, "--steps", "2", "--checkpoint-dir", str(ck))
     assert proc.returncode == 2
     assert one_error_line(proc) == (f"error: --checkpoint-dir {str(ck)!r} is in use by another run (pid {os.getpid()}); "
@@ -270,6 +271,7 @@ def test_a_save_that_fails_leaves_no_temporary_folder_and_keeps_the_last_good_on
     intact, nothing half-written left behind."""
     ck = tmp_path / "ck"
     writer = checkpoint.Writer(ck, 3, 0)
+    writer.lock()
     state = {"w": np.ones(3, np.float32)}
     train = {"loop/updates": np.array(2, np.int64)}
     first = writer.save(2, state, train, {})

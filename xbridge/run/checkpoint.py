@@ -164,10 +164,12 @@ class Writer:
             raise CheckpointError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints up to step "
                                   f"{max(later)} and this run starts at step {start_step}; resume from it "
                                   f"(--resume {directory}) or choose another directory")
-        self._lock(directory)       # last: a refused directory is left as it was
 
-    def _lock(self, directory: Path) -> None:
-        """An exclusive lock held until this process ends: a second run writing here is refused up front."""
+    def lock(self) -> None:
+        """Take the directory's exclusive lock, held until :meth:`release` or the process's end: a second run
+        writing here is refused before its first step. Taken after the backend is prepared, where the processes
+        that never write (torchrun's ranks other than 0) have left the run."""
+        directory = self.directory
         try:
             fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:

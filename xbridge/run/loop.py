@@ -230,6 +230,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
          writer: checkpoint.Writer | None) -> RunRecord:
     start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
+    if writer is not None:
+        writer.lock()
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
     if resumed is not None:
         executable.load_training_state(resumed.train)
