@@ -5,6 +5,8 @@ backend that differentiates whatever it is handed)."""
 
 from __future__ import annotations
 
+import traceback
+
 import torch
 
 from xbridge.data.contract import checked_batch
@@ -37,8 +39,9 @@ def check_loss(program: Program) -> None:
     try:
         out = program.loss(model, batch)
     except _PROGRAM_MISTAKES as exc:
-        if user_frame(exc) is not None:
-            raise
+        found = user_frame(exc)
+        if found is not None and found[0] == traceback.extract_tb(exc.__traceback__)[-1]:
+            raise       # raised by the user's own line (not by a library it called, which may not know meta tensors)
         return
     except Exception:   # what the meta device cannot run (.item(), data-dependent shapes): left to the first step
         return
