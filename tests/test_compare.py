@@ -44,9 +44,16 @@ def test_compare_every_available_target(tmp_path):
     assert [r["target"] for r in rows] == targets
     assert float(rows[1]["step_ms_median"]) > 0 and rows[1]["loss_parity"] == "True"
     assert rows[1]["compile_cache"] in ("cold", "warm", "partial")
-    for name in ("loss.png", "step_time.png", "mfu.png"):
+    for name in ("loss_deviation.png", "step_time.png", "mfu.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
+    report = (tmp_path / "report.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith("| ")][1:]     # the rows under the header
+    assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets
+    assert f"config hash `{record['config_hash']}`" in report and "measured: best of" in report
+    assert "command: `xbridge compare " in report
+    git = record["provenance"]["git"]          # a clone of the project: its commit (None only without git)
+    assert git is None or f"at commit `{git['commit'][:12]}`" in report
     assert json.loads((tmp_path / "results.json").read_text())["targets"][1]["target"] == targets[1]
 
 
@@ -60,7 +67,8 @@ def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path):
     assert rows["xla-cpu"]["status"] == "timeout" and rows["xla-cpu"]["error"].startswith("no result after 20 s")
     written = json.loads((tmp_path / "results.json").read_text())
     assert [r["status"] for r in written["targets"]] == ["ok", "failed", "timeout"]
-    assert (tmp_path / "loss.png").read_bytes().startswith(PNG)
+    assert (tmp_path / "loss_deviation.png").read_bytes().startswith(PNG)
+    assert "- jax-cpu: killed by signal 9" in (tmp_path / "report.md").read_text()
     human = run_cli("compare", str(ROOT / "tests" / "fixtures" / "faulty.py"), "--backends", "jax-cpu",
                     "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "h"))
     assert human.returncode == 1 and "killed by signal 9" in human.stdout

@@ -121,6 +121,7 @@ CSV_FIELDS = ["target", "status", "devices", *(f.name for f in dataclasses.field
 def write_outputs(out: Path, record: dict[str, Any]) -> list[Path]:
     from ..files import write_atomic, write_json
     from .plots import draw
+    from .report import render
 
     paths = [write_json(out / "results.json", record)]
 
@@ -134,6 +135,7 @@ def write_outputs(out: Path, record: dict[str, Any]) -> list[Path]:
 
     paths.append(write_atomic(out / "results.csv", write_csv))
     paths += draw(out, record)
+    paths.append(write_atomic(out / "report.md", lambda handle: handle.write(render(record))))
     return paths
 
 
@@ -142,6 +144,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     """Run every target, one at a time (concurrent targets would share the cores and spoil the timings), and
     return the comparison record (``results.json``): one row per target, its run record and derived metrics."""
     from ..run.loop import machine
+    from ..run.provenance import provenance
     from .flops import flops_per_step
 
     reference = resolve_reference(options.reference)
@@ -165,7 +168,9 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     record = {
         "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
         "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
-        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": reference, "targets": rows,
+        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": reference,
+        "loss_limit": policy.tolerance(program.precision).loss_rtol, "provenance": provenance(program),
+        "targets": rows,
     }
     record["written"] = [str(p) for p in write_outputs(out, record)]
     return record

@@ -1,4 +1,5 @@
-"""PNG plots of a comparison (matplotlib, headless): loss curves overlaid, step time with p10/p90 whiskers, MFU."""
+"""PNG plots of a comparison (matplotlib, headless): each target's loss deviation from the reference per step (log
+scale, with the parity limit), step time with p10/p90 whiskers, MFU."""
 
 from __future__ import annotations
 
@@ -11,19 +12,35 @@ def draw(out: Path, record: dict[str, Any]) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     ok = [r for r in record["targets"] if r["status"] == "ok"]
     title = f"{record['program']} ({record['precision']}, config {record['config_hash']})"
     paths = []
 
+    # Overlaid loss curves hide everything that matters (they lie on top of each other): the relative deviation
+    # from the reference per step, on a log scale, with the limit parity holds them to
+    reference = next((r for r in ok if r["target"] == record["reference"]), None)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in ok:
-        ax.plot(range(len(row["losses"])), row["losses"], label=row["target"], linewidth=1.5, alpha=0.85)
-    ax.set(xlabel="step", ylabel="loss", title=f"loss: {title}")
-    ax.grid(alpha=0.3)
-    if ok:
-        ax.legend()
-    paths.append(_save(fig, out / "loss.png"))
+    floor = 1e-10                     # an exact match (0) is drawn at the floor
+    if reference is not None:
+        ref = reference["losses"]
+        for row in ok:
+            if row is reference or len(row["losses"]) != len(ref):
+                continue
+            dev = [max(abs(a - b) / max(abs(b), 1e-30), floor) for a, b in zip(row["losses"], ref)]
+            ax.plot(range(len(dev)), dev, marker="o", markersize=3, label=row["target"], linewidth=1.2)
+        limit = record.get("loss_limit")
+        if limit:
+            ax.axhline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"parity limit ({limit:.0e})")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set(xlabel="step (an exact match is drawn at 1e-10)", ylabel=f"|loss - {record['reference']} loss| / |{record['reference']} loss|",
+           title=f"loss deviation from {record['reference']}: {title}")
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "loss_deviation.png"))
 
     names = [r["target"] for r in ok]
     median = [r["metrics"]["step_ms_median"] for r in ok]
@@ -37,7 +54,7 @@ def draw(out: Path, record: dict[str, Any]) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.bar(names, [100 * r["metrics"]["mfu"] for r in ok], color="tab:green", alpha=0.8)
-    ax.set(ylabel="MFU, % of peak", title=f"model FLOPs utilisation: {title}")
+    ax.set(ylabel="MFU, % of the peak FLOP/s", title=f"model FLOPs utilisation: {title}")
     ax.grid(axis="y", alpha=0.3)
     paths.append(_save(fig, out / "mfu.png"))
     return paths

@@ -35,6 +35,7 @@ from ..planner import plan as make_plan
 from . import checkpoint
 from .evaluation import Evaluator
 from .feed import Feed
+from .provenance import provenance
 from .record import RunRecord, RunSummary, StepRecord
 from .rng import rng_rows, with_rng
 
@@ -290,7 +291,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
         layout=executable.layout(),
         compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
-        data=data_info(program), evals=evaluator.records if evaluator else [])
+        data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program))
 
 
 def data_info(program: Program) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-RECORD_VERSION = 2   # 2: data (the sources described), evals, steps carry data_wait_s and data_bytes
+RECORD_VERSION = 3   # 2: data (the sources described), evals, steps carry data_wait_s and data_bytes; 3: provenance
 
 
 @dataclass
@@ -102,6 +102,7 @@ class RunRecord:
     data: dict[str, Any] = field(default_factory=dict)    # the source's description and whether it is reproducible
     evals: list[EvalRecord] = field(default_factory=list)
     written: str | None = None        # where run.json went (--out)
+    provenance: dict[str, Any] = field(default_factory=dict)   # command line, program file, its git commit/dirty
     record_version: int = RECORD_VERSION
 
     @property

@@ -1,0 +1,69 @@
+"""``report.md``: a comparison people can read and share, from the compare record alone: what ran where (machine,
+versions, command, the program's git commit), the table, how each MFU peak was obtained, the failures and the
+plots. docs/results.md's comparison sections can be regenerated from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render"]
+
+
+def _num(value: Any, spec: str, unit: str = "") -> str:
+    return "-" if value is None or value != value else f"{value:{spec}}{unit}"     # None and NaN: "-"
+
+
+def render(record: dict[str, Any]) -> str:
+    options = record["options"]
+    machine = record["machine"]
+    provenance = record.get("provenance") or {}
+    git = provenance.get("git")
+    mesh, rng = options.get("mesh") or "as programmed", options.get("rng") or "as programmed"
+    limit = record.get("loss_limit", float("nan"))
+    lines = [
+        f"# xbridge compare: {record['program']}",
+        "",
+        f"- program: `{record['program_file']}`, config hash `{record['config_hash']}`, precision "
+        f"{record['precision']}, {options['devices']} device(s), mesh {mesh}, "
+        f"{options['steps']} steps ({options['warmup']} warm-up, not timed), rng {rng}",
+        f"- reference (loss deviation): {record['reference']}, parity limit {limit:.0e}",
+        f"- machine: {machine.get('platform')}, {machine.get('cpu_count')} CPU cores, Python {machine.get('python')}",
+        f"- xbridge {record['xbridge']}; FLOPs per step {record['flops_per_step']:.4g} (counted on the meta device)",
+    ]
+    if git:
+        lines.append(f"- program's repository: `{git['root']}` at commit `{git['commit'][:12]}`"
+                     f"{' with uncommitted changes' if git['dirty'] else ''}")
+    if provenance.get("command"):
+        lines.append(f"- command: `{' '.join(provenance['command'])}`")
+    lines += ["", "| target | status | compile s (cache) | step ms median (p10-p90) | tokens/s | TFLOP/s | MFU | "
+                  "host RSS MiB | device peak MiB | recompiles | max loss dev (step) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    peaks: dict[str, str] = {}
+    failures = []
+    for row in record["targets"]:
+        m = row.get("metrics")
+        if m is None:
+            lines.append(f"| {row['target']} | {row['status']} | - | - | - | - | - | - | - | - | - |")
+            failures.append((row["target"], (row.get("error") or "").splitlines()[0] if row.get("error") else ""))
+            continue
+        peaks[row["target"]] = f"{m['peak_tflops']:.3g} TFLOP/s: {m['peak_source']}"
+        dev = "-" if m["max_loss_dev"] is None else f"{m['max_loss_dev']:.2e} ({m['max_loss_dev_at']})"
+        lines.append(
+            f"| {row['target']} | {row['status']} | {_num(m['compile_s'], '.1f')} ({m['compile_cache'] or '-'}) | "
+            f"{_num(m['step_ms_median'], '.2f')} ({_num(m['step_ms_p10'], '.2f')}-{_num(m['step_ms_p90'], '.2f')}) | "
+            f"{_num(m['tokens_per_s'], ',.0f')} | {_num(m['achieved_tflops'], '.3g')} | "
+            f"{_num(100 * m['mfu'], '.1f', '%')} | {_num(m['peak_host_rss_mib'], '.0f')} | "
+            f"{_num(m['device_peak_mib'], '.0f')} | {_num(m['recompiles'], 'd')} | {dev} |")
+    lines += ["", "MFU = achieved FLOP/s (FLOPs per step / median step time) over the peak of the devices used:"]
+    lines += [f"- {target}: {source}" for target, source in peaks.items()]
+    if failures:
+        lines += ["", "Failed targets:"]
+        lines += [f"- {target}: {error}" for target, error in failures]
+    versions: dict[str, str] = {}
+    for row in record["targets"]:
+        versions.update((row.get("result") or {}).get("versions", {}))
+    if versions:
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))]
+    lines += ["", "Plots: `loss_deviation.png` (each target's |loss - reference| / |reference| per step, log scale, "
+                  "with the parity limit), `step_time.png` (median, p10-p90), `mfu.png`.", ""]
+    return "\n".join(lines)
