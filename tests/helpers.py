@@ -26,3 +26,23 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: "), lines[0]
     return lines[0]
+
+
+def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of the TensorBoard event files in ``directory``, by tag: (step, value) in write order. Read with
+    the Event protobuf tensorboardX ships, over TFRecord framing (length, its CRC, the record, its CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out

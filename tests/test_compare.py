@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, one_error_line, read_scalars, run_cli
 from xbridge.backend import registry
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -16,7 +17,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_compare_every_available_target(tmp_path):
     proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--steps", "6", "--warmup", "2", "--devices", "2",
-                   "--out", str(tmp_path), "--format", "json")
+                   "--out", str(tmp_path), "--format", "json", "--tensorboard", str(tmp_path / "tb"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     targets = [row["target"] for row in record["targets"]]
@@ -47,6 +48,13 @@ def test_compare_every_available_target(tmp_path):
     for name in ("loss_deviation.png", "step_time.png", "mfu.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
+    for row in record["targets"]:       # one TensorBoard run per target, a value per step of each scalar
+        scalars = read_scalars(tmp_path / "tb" / row["target"])
+        assert [step for step, _ in scalars["train/loss"]] == list(range(6))
+        np.testing.assert_allclose([v for _, v in scalars["train/loss"]], row["losses"], rtol=1e-6)
+        assert {"train/lr", "time/step_ms", "time/tokens_per_s"} <= set(scalars)
+        assert all(len(values) == 6 and all(v > 0 for _, v in values) for tag, values in scalars.items()
+                   if tag.startswith("time/step") or tag.startswith("time/tokens"))
     report = (tmp_path / "report.md").read_text()
     table = [line for line in report.splitlines() if line.startswith("| ")][1:]     # the rows under the header
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets

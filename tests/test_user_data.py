@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, read_scalars, run_cli
 
 USER_DATA = ROOT / "tests" / "fixtures" / "user_data.py"
 SOURCES = ["tokens", "arrays_npz", "arrays_safetensors", "arrays_npy", "arrays_memory", "torch_dataset",
@@ -90,8 +90,11 @@ def test_each_inductor_process_reads_only_its_rows(data_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads(proc.stdout)
     proc = run_cli("run", f"{USER_DATA}:tokens", "--backend", "eager-cpu", "--steps", "3", "--format", "json",
-                   cwd=data_dir)
+                   "--tensorboard", str(data_dir / "tb"), cwd=data_dir)
     one = json.loads(proc.stdout)
+    scalars = read_scalars(data_dir / "tb")         # the evaluations as TensorBoard scalars, at their steps
+    assert [(e["step"], e["loss"]) for e in one["evals"]] == [(s, pytest.approx(v)) for s, v in scalars["eval/loss"]]
+    assert len(scalars["eval/perplexity"]) == len(one["evals"]) and len(scalars["train/loss"]) == 3
     full = 8 * 17 * 8           # batch 8 x (seq_len + 1) tokens x int64
     assert [s["data_bytes"] for s in one["steps"]] == [full] * 3
     assert [s["data_bytes"] for s in two["steps"]] == [full / 2] * 3      # rank 0's share

@@ -41,6 +41,9 @@ TIMEOUT = typer.Option(900.0, help="Seconds before a target's process is stopped
 RNG = typer.Option(None, "--rng", help="Where the forward's random draws (dropout, torch.rand...) come from: "
                    "native (each stack's own generator) or portable (the same bits on every backend). Default: the "
                    "program's StepOptions(rng=...), native unless it says otherwise.")
+TENSORBOARD = typer.Option(None, "--tensorboard", help="Write each step's loss, learning rate, step time and tokens/s "
+                           "(and eval loss) as TensorBoard event files here; compare: one subfolder per target. "
+                           "Needs xbridge[tensorboard].")
 REFERENCE_OPTION = typer.Option("eager-cpu", "--reference", help="The eager target the others are checked against "
                                                                  "(eager-cuda on a GPU machine).")
 
@@ -195,6 +198,7 @@ def run(
                                                                                   "(shapes must still match)."),
     prefetch: bool = typer.Option(True, "--prefetch/--no-prefetch", help="Load the next batch while the current "
                                                                          "step runs (docs/data.md)."),
+    tensorboard: Path | None = TENSORBOARD,
     matmul_dtypes: bool = typer.Option(False, "--matmul-dtypes", help="After the run, count the matrix products of "
                                                                       "one forward pass by the dtype they compute in "
                                                                       "(docs/parity.md)."),
@@ -217,13 +221,16 @@ def run(
     options = RunOptions(steps=steps, warmup=warmup, devices=devices, dump=dump, state_out=save_state,
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, keep=3 if keep is None else keep, resume=resume,
-                         allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes)
+                         allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes,
+                         tensorboard=tensorboard)
     prog = _load(program, precision, seed, mesh, rng)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         check_writable(out, "--out")
     if dump is not None:
         check_writable(dump, "--dump")
+    if tensorboard is not None:
+        check_writable(tensorboard, "--tensorboard")
     for path, flag in ((save_state, "--save-state"), (trace_modules, "--trace-modules")):
         if path is not None:
             check_file_writable(path, flag)
@@ -255,14 +262,21 @@ def compare(
     mesh: str | None = MESH,
     timeout: float = TIMEOUT,
     reference: str = REFERENCE_OPTION,
+    tensorboard: Path | None = TENSORBOARD,
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
     format: Format = FORMAT,
 ) -> None:
     """Run the program on several targets, each in its own process, and compare them side by side."""
     warmup = min(3, steps - 1) if warmup is None else warmup
+    if tensorboard is not None:
+        check_writable(tensorboard, "--tensorboard")
+        from ..run.scalars import check_available
+
+        check_available()
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
-                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng)
+                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
+                  tensorboard=tensorboard)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "

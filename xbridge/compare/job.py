@@ -29,6 +29,7 @@ class CompareOptions:
     timeout_s: float = 900.0
     reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
     rng: str | None = None       # --rng: native or portable (None: the program's own)
+    tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
 
     def __post_init__(self) -> None:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
@@ -39,7 +40,7 @@ class CompareOptions:
 
     def child(self) -> ChildOptions:
         return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
-                            rng=self.rng)
+                            rng=self.rng, tensorboard=self.tensorboard)
 
 
 @dataclass
@@ -168,7 +169,8 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     record = {
         "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
         "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
-        "options": dataclasses.asdict(options), "flops_per_step": flops, "reference": reference,
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
+        "flops_per_step": flops, "reference": reference,
         "loss_limit": policy.tolerance(program.precision).loss_rtol, "provenance": provenance(program),
         "targets": rows,
     }

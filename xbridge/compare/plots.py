@@ -35,8 +35,9 @@ def draw(out: Path, record: dict[str, Any]) -> list[Path]:
             ax.axhline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"parity limit ({limit:.0e})")
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set(xlabel="step (an exact match is drawn at 1e-10)", ylabel=f"|loss - {record['reference']} loss| / |{record['reference']} loss|",
-           title=f"loss deviation from {record['reference']}: {title}")
+    ref_name = record["reference"]
+    ax.set(xlabel="step (an exact match is drawn at 1e-10)",
+           ylabel=f"|loss - {ref_name} loss| / |{ref_name} loss|", title=f"loss deviation from {ref_name}: {title}")
     ax.grid(alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

@@ -32,7 +32,7 @@ from ..files import write_npz
 from ..ir.program import Program
 from ..planner import ShardingPlan
 from ..planner import plan as make_plan
-from . import checkpoint
+from . import checkpoint, scalars
 from .evaluation import Evaluator
 from .feed import Feed
 from .provenance import provenance
@@ -58,6 +58,7 @@ class RunOptions:
     allow_config_change: bool = False      # resume a checkpoint written by another program config
     prefetch: bool = True                  # read and place the next batch while the current step runs
     matmul_dtypes: bool = False            # count the forward's matrix products by dtype after the run
+    tensorboard: Path | None = None        # write each step's scalars as TensorBoard event files here
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -218,17 +219,30 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         assert resumed is not None   # steps >= 1: only a resumed run starts past the end
         raise ConfigError(f"checkpoint {resumed.path} is at step {start} and --steps {options.steps} is the total "
                           f"to reach; nothing is left to run (e.g. --steps {start + options.steps})")
+    if options.tensorboard is not None:
+        scalars.check_available()
     writer = checkpoint.Writer(options.checkpoint_dir, options.keep, start) if options.checkpoint_dir else None
+    board = (scalars.Scalars(options.tensorboard, program.data.batch_size * tokens_per_example(program.data))
+             if options.tensorboard is not None else None)
+    if board is not None:
+        def progress_and_board(step: int, record: StepRecord) -> None:
+            board.step(record)
+            if shown is not None:
+                shown(step, record)
+
+        shown, progress = progress, progress_and_board
     try:
-        return _run(program, target_text, options, progress, weights, resumed, writer)
+        return _run(program, target_text, options, progress, weights, resumed, writer, board)
     finally:
         if writer is not None:
             writer.release()      # the checkpoint directory's lock: another run (in this process too) may write
+        if board is not None:
+            board.close()
 
 
 def _run(program: Program, target_text: str, options: RunOptions, progress: Progress | None,
          weights: dict[str, np.ndarray] | None, resumed: checkpoint.Checkpoint | None,
-         writer: checkpoint.Writer | None) -> RunRecord:
+         writer: checkpoint.Writer | None, board: scalars.Scalars | None = None) -> RunRecord:
     start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
     if writer is not None:
@@ -254,11 +268,15 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
     evaluator = Evaluator(program.eval, program.seed, executable, options.steps) if program.eval else None
     if evaluator is not None:
         evaluator(start)        # the weights we start from; also compiles the eval step before warm-up ends
+        if board is not None:
+            board.eval(evaluator.records[-1])
 
     with deferred_interrupt(writer is not None) as interrupt:
         def after_step(done: int) -> None:
             if evaluator is not None and evaluator.due(done):
                 evaluator(done)
+                if board is not None:
+                    board.eval(evaluator.records[-1])
             if writer is None:
                 return
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
