@@ -111,3 +111,24 @@ def test_an_environment_failure_is_one_line_and_exit_1(monkeypatch, capsys, fail
         main(["run", MLP, "--steps", "2", "--format", "json"])
     assert exited.value.code == 1
     assert capsys.readouterr().err.strip() == line
+
+
+def test_the_progress_bar_says_compiling_until_the_first_step_then_loss_and_throughput():
+    import io
+
+    from rich.console import Console
+
+    from xbridge.cli.progress import progress_bar
+    from xbridge.run.record import StepRecord
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=160)
+    with progress_bar(True, total=3, label="mlp on jax-cpu", tokens_per_step=640, console=console) as tick:
+        assert tick is not None
+        tick(0, StepRecord(0, 2.3125, 0.5))
+        tick(1, StepRecord(1, 2.25, 0.01))
+    shown = screen.getvalue()
+    assert "preparing and compiling (the first step)" in shown
+    assert "loss 2.2500, 64,000 tokens/s" in shown and "2/3" in shown
+    with progress_bar(False, total=3, label="x") as tick:      # --format json: nothing
+        assert tick is None

@@ -234,7 +234,11 @@ def run(
     for path, flag in ((save_state, "--save-state"), (trace_modules, "--trace-modules")):
         if path is not None:
             check_file_writable(path, flag)
-    with progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}") as tick:
+    from ..data.contract import tokens_per_example
+
+    tokens = prog.data.batch_size * tokens_per_example(prog.data)
+    with progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}",
+                      tokens_per_step=tokens) as tick:
         result = run_program(prog, backend, options, progress=tick, weights=weights)
     if out is not None:
         result.written = str(out / "run.json")

@@ -14,18 +14,22 @@ from ..run.record import StepRecord
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool, total: int, label: str) -> Iterator[Callable[[int, StepRecord], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
-    if not enabled or not sys.stderr.isatty():
+def progress_bar(enabled: bool, total: int, label: str, tokens_per_step: int = 0,
+                 console: Console | None = None) -> Iterator[Callable[[int, StepRecord], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; otherwise nothing. Until the first step is back it says
+    that the target is being prepared and compiled (the first step traces and compiles: a minute or more for a
+    cold Inductor compile), with the time elapsed; then each step's loss and tokens/s."""
+    if not enabled or (console is None and not sys.stderr.isatty()):
         yield None
         return
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total, loss="-")
+               TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console or Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total, status="preparing and compiling (the first step)")
 
         def tick(step: int, record: StepRecord) -> None:
-            bar.update(task, completed=step + 1, loss=f"{record.loss:.4f}")   # step: global (resume)
+            rate = f", {tokens_per_step / record.time_s:,.0f} tokens/s" if tokens_per_step and record.time_s else ""
+            bar.update(task, completed=step + 1, status=f"loss {record.loss:.4f}{rate}")   # step: global (resume)
 
         yield tick
 
