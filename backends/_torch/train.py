@@ -236,16 +236,19 @@ class TrainStep:
             with compute_context(program.precision, self.device_type):
                 with self.random_factories():
                     value, count = loss_parts(self.loss_fn(model, micro), program)
-            loss = value / accum if count is None else value
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total = total + loss.detach()
-            if count is not None:
+            if count is None:
+                loss = value / accum
+            else:       # a sum: differentiated per row of the micro-batch (the same on every rank), so that its
+                rows = len(next(iter(micro.values())))     # gradients stay in a mean's range (fp16's headroom)
+                loss = value / rows
                 items = count.detach() if items is None else items + count.detach()
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = total + (loss.detach() if count is None else value.detach())
         if items is not None:       # xb.LossSum: the summed gradients and totals over the global count
             factor = self.normaliser(items)
             for param in model.parameters():
                 if param.grad is not None:
-                    param.grad.mul_(factor)
+                    param.grad.mul_(factor * rows)
             total = total * factor
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
