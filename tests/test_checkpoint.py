@@ -41,7 +41,9 @@ def test_format_is_safetensors_and_a_manifest(tmp_path, mlp_program):
     assert result.checkpoints == [str(tmp_path / "ck" / f"step-{s:08d}") for s in (2, 4, 5)]
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path / "ck")] == [4, 5]
     path = tmp_path / "ck" / "step-00000005"
-    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "model.safetensors", "train.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == ["COMMIT", "manifest.json", "model.safetensors",
+                                                      "train.safetensors"]
+    assert (path / "COMMIT").read_text() == f"sha256 {sha(path / 'manifest.json')}\n"    # written last
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["format"] == "xbridge-checkpoint" and manifest["step"] == 5
     assert manifest["data"] == {"next_batch": 5, "seed": 0, "batch_size": 64}
