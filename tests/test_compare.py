@@ -56,7 +56,7 @@ def test_compare_every_available_target(tmp_path):
         assert all(len(values) == 6 and all(v > 0 for _, v in values) for tag, values in scalars.items()
                    if tag.startswith("time/step") or tag.startswith("time/tokens"))
     report = (tmp_path / "report.md").read_text()
-    table = [line for line in report.splitlines() if line.startswith("| ")][1:]     # the rows under the header
+    table = [line for line in report.splitlines() if line.startswith("| ")][2:]     # under the header and its rule
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets
     assert f"config hash `{record['config_hash']}`" in report and "measured: best of" in report
     assert "command: `xbridge compare " in report
