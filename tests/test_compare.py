@@ -17,7 +17,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_compare_every_available_target(tmp_path):
     proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--steps", "6", "--warmup", "2", "--devices", "2",
-                   "--out", str(tmp_path), "--format", "json", "--tensorboard", str(tmp_path / "tb"))
+                   "--out", str(tmp_path), "--format", "json", "--tensorboard", str(tmp_path / "tb"),
+                   "--profile", "steps=3:5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     targets = [row["target"] for row in record["targets"]]
@@ -55,7 +56,14 @@ def test_compare_every_available_target(tmp_path):
         assert {"train/lr", "time/step_ms", "time/tokens_per_s"} <= set(scalars)
         assert all(len(values) == 6 and all(v > 0 for _, v in values) for tag, values in scalars.items()
                    if tag.startswith("time/step") or tag.startswith("time/tokens"))
+    for row in record["targets"]:       # each stack's own profiler traced steps 3 and 4 into its run folder
+        profile = row["result"]["profile"]
+        assert profile["steps"] == "steps=3:5" and profile["top_ops"], row["target"]
+        assert all(path.startswith(str(tmp_path / "runs" / row["target"] / "profile")) for path in profile["traces"])
+        if not row["target"].startswith("xla"):      # torch_xla takes no scope around a step (its sync refuses one)
+            assert profile["marked_steps"] == [3, 4], (row["target"], profile)
     report = (tmp_path / "report.md").read_text()
+    assert "Profile of jax-cpu (steps=3:5)" in report
     table = [line for line in report.splitlines() if line.startswith("| ")][2:]     # under the header and its rule
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets
     assert f"config hash `{record['config_hash']}`" in report and "measured: best of" in report

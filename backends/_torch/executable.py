@@ -3,7 +3,9 @@ train step on one device. A backend sets how the train step is built (eager: as 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from xbridge.planner import ShardingPlan
 
 from .matmul_census import count_torch
 from .module_outputs import trace_torch
+from .profiling import torch_profiler, torch_step
 from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
 
@@ -73,6 +76,12 @@ class TorchExecutable(TorchTrainState):
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return count_torch(self.program, self.model, tensors, self.device.type, self._hints)
+
+    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        return torch_profiler(directory, self.device)
+
+    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        return torch_step(step)
 
     def device_kind(self) -> str | None:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None

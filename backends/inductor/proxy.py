@@ -15,6 +15,7 @@ its own result. Two ways to get the other ranks (peers.py):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import math
 import os
@@ -204,6 +205,14 @@ class DistributedExecutable(Executable):
 
     def dump(self, directory: Path) -> list[Path]:
         return self.engine.dump(directory)
+
+    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        """torch.profiler in rank 0's process (rank 0's own work and its waits in the collectives); the other
+        ranks are not traced."""
+        return self.engine.profiler(directory)
+
+    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        return self.engine.profile_step(step)
 
     def device_kind(self) -> str | None:
         return self.engine.device_kind()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
+from xbridge.run.profile import STEP_MARK
 
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
 from . import ops, optimizers
@@ -419,6 +421,15 @@ class JaxExecutable(Executable):
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
                 for n, a in self.state["params"].items()}
+
+    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        """jax.profiler: ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and the
+        same trace as ``<host>.trace.json.gz`` (Chrome/Perfetto)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        return jax.profiler.trace(str(directory))
+
+    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        return jax.profiler.StepTraceAnnotation(STEP_MARK, step_num=step)
 
     def device_kind(self) -> str | None:
         return str(self.mesh.devices.flat[0].device_kind)

@@ -284,6 +284,9 @@ class XlaExecutable(TorchTrainState):
                 out[name] = {"spec": "replicated", "shard_shapes": [list(param.shape)] * self.plan.devices}
         return out
 
+    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        return _xla_trace(directory)
+
     def device_kind(self) -> str | None:
         return tpu_device_kind()
 
@@ -429,3 +432,18 @@ def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, 
             records.append((cause, graph or "", where or bridge or ""))
             cause, state = None, ""
     return records
+
+
+@contextlib.contextmanager
+def _xla_trace(directory: Path) -> Iterator[None]:
+    """torch_xla's profiler session (``start_trace``/``stop_trace``): ``plugins/profile/<time>/<host>.xplane.pb``
+    and ``<host>.trace.json.gz``, as jax writes them. The steps carry no annotation: torch_xla refuses a trace
+    scope still open at the step's ``sync``."""
+    import torch_xla.debug.profiler as xp
+
+    directory.mkdir(parents=True, exist_ok=True)
+    xp.start_trace(str(directory))
+    try:
+        yield
+    finally:
+        xp.stop_trace()

@@ -8,6 +8,7 @@ which options it takes, and only :meth:`Backend.lower` pulls in the framework. `
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 from abc import ABC, abstractmethod
@@ -141,6 +142,16 @@ class Executable(ABC):
 
     def mark_warm(self) -> None:  # noqa: B027 (a default: backends that count nothing need not override it)
         """Warm-up is over: later compilations count as recompiles."""
+
+    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        """--profile: a context in which the stack's own profiler traces what runs, writing a Chrome/Perfetto trace
+        (JSON, or the ``*.trace.json.gz`` jax and torch_xla write) under ``directory`` when it closes."""
+        raise LoweringError(f"{type(self).__name__} has no profiler (--profile)")
+
+    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        """An annotation around one profiled step, named ``xbridge step`` (xbridge/run/profile.py:STEP_MARK),
+        where the stack can mark one; nothing by default."""
+        return contextlib.nullcontext()
 
     def dump(self, directory: Path) -> list[Path]:
         """Write what was compiled (graphs, HLO, or the module tree) under ``directory``; return the files."""

@@ -44,6 +44,9 @@ RNG = typer.Option(None, "--rng", help="Where the forward's random draws (dropou
 TENSORBOARD = typer.Option(None, "--tensorboard", help="Write each step's loss, learning rate, step time and tokens/s "
                            "(and eval loss) as TensorBoard event files here; compare: one subfolder per target. "
                            "Needs xbridge[tensorboard].")
+PROFILE = typer.Option(None, "--profile", help="Trace steps A..B-1 with the stack's own profiler (torch.profiler, "
+                       "jax.profiler, torch_xla's), e.g. steps=5:8; the trace goes under --out DIR/profile and a "
+                       "summary of the top operations into the record.")
 REFERENCE_OPTION = typer.Option("eager-cpu", "--reference", help="The eager target the others are checked against "
                                                                  "(eager-cuda on a GPU machine).")
 
@@ -199,6 +202,7 @@ def run(
     prefetch: bool = typer.Option(True, "--prefetch/--no-prefetch", help="Load the next batch while the current "
                                                                          "step runs (docs/data.md)."),
     tensorboard: Path | None = TENSORBOARD,
+    profile: str | None = PROFILE,
     matmul_dtypes: bool = typer.Option(False, "--matmul-dtypes", help="After the run, count the matrix products of "
                                                                       "one forward pass by the dtype they compute in "
                                                                       "(docs/parity.md)."),
@@ -222,7 +226,8 @@ def run(
                          trace_out=trace_modules, backend_options=backend_options, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, keep=3 if keep is None else keep, resume=resume,
                          allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes,
-                         tensorboard=tensorboard)
+                         tensorboard=tensorboard, profile=profile,
+                         profile_dir=out / "profile" if out is not None and profile is not None else None)
     prog = _load(program, precision, seed, mesh, rng)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
@@ -267,6 +272,7 @@ def compare(
     timeout: float = TIMEOUT,
     reference: str = REFERENCE_OPTION,
     tensorboard: Path | None = TENSORBOARD,
+    profile: str | None = PROFILE,
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
     format: Format = FORMAT,
@@ -278,9 +284,13 @@ def compare(
         from ..run.scalars import check_available
 
         check_available()
+    if profile is not None:
+        from ..run.profile import ProfileSpec
+
+        ProfileSpec.parse(profile, steps)
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                   precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
-                  tensorboard=tensorboard)
+                  tensorboard=tensorboard, profile=profile)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "

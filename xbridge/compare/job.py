@@ -30,6 +30,7 @@ class CompareOptions:
     reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
     rng: str | None = None       # --rng: native or portable (None: the program's own)
     tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
+    profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
 
     def __post_init__(self) -> None:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
@@ -40,7 +41,8 @@ class CompareOptions:
 
     def child(self) -> ChildOptions:
         return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
-                            rng=self.rng, tensorboard=self.tensorboard)
+                            rng=self.rng, tensorboard=self.tensorboard,
+                            extra=["--profile", self.profile] if self.profile else [])
 
 
 @dataclass

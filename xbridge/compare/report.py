@@ -56,6 +56,13 @@ def render(record: dict[str, Any]) -> str:
             f"{_num(m['device_peak_mib'], '.0f')} | {_num(m['recompiles'], 'd')} | {dev} |")
     lines += ["", "MFU = achieved FLOP/s (FLOPs per step / median step time) over the peak of the devices used:"]
     lines += [f"- {target}: {source}" for target, source in peaks.items()]
+    profiled = [(row["target"], row["result"]["profile"]) for row in record["targets"]
+                if (row.get("result") or {}).get("profile")]
+    for target, profile in profiled:
+        lines += ["", f"Profile of {target} ({profile['steps']}): the operations that took the most time "
+                      f"(trace: `{profile['traces'][0] if profile['traces'] else '-'}`)", "",
+                  "| operation | total ms | calls |", "| --- | --- | --- |"]
+        lines += [f"| `{op['name'][:80]}` | {op['total_ms']:.2f} | {op['calls']} |" for op in profile["top_ops"][:8]]
     if failures:
         lines += ["", "Failed targets:"]
         lines += [f"- {target}: {error}" for target, error in failures]

@@ -35,6 +35,7 @@ from ..planner import plan as make_plan
 from . import checkpoint, scalars
 from .evaluation import Evaluator
 from .feed import Feed
+from .profile import ProfileSpec, summarise
 from .provenance import provenance
 from .record import RunRecord, RunSummary, StepRecord
 from .rng import rng_rows, with_rng
@@ -59,6 +60,8 @@ class RunOptions:
     prefetch: bool = True                  # read and place the next batch while the current step runs
     matmul_dtypes: bool = False            # count the forward's matrix products by dtype after the run
     tensorboard: Path | None = None        # write each step's scalars as TensorBoard event files here
+    profile: str | None = None             # --profile steps=A:B: trace those steps with the backend's profiler
+    profile_dir: Path | None = None        # where the trace goes (run: OUT/profile)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -75,6 +78,10 @@ class RunOptions:
             raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {self.warmup}")
         if self.devices < 1:
             raise ConfigError(f"--devices must be >= 1, got {self.devices}")
+        if self.profile is not None:
+            ProfileSpec.parse(self.profile, self.steps)
+            if self.profile_dir is None:
+                raise ConfigError("--profile needs --out DIR (the trace is written under DIR/profile)")
 
 
 def machine() -> dict[str, Any]:
@@ -161,18 +168,27 @@ def deferred_interrupt(enabled: bool) -> Any:
 
 def train(program: Program, prepared: Prepared, steps: int, warmup: int, progress: Progress | None = None,
           start: int = 0, after_step: Callable[[int], None] | None = None,
-          last_good: Callable[[], Path | None] = lambda: None, prefetch: bool = True) -> list[StepRecord]:
+          last_good: Callable[[], Path | None] = lambda: None, prefetch: bool = True,
+          profile: tuple[ProfileSpec, Path] | None = None) -> list[StepRecord]:
     """Run steps ``start..steps-1`` on the batches of the program's data source; time each one (the wait for a
     batch not yet ready included, as ``data_wait_s``). Warm-up ends ``warmup`` steps after ``start``.
-    ``after_step(done)`` runs after each step (done = completed steps)."""
+    ``after_step(done)`` runs after each step (done = completed steps). ``profile``: the steps traced by the
+    backend's profiler, and where the trace goes."""
     executable = prepared.executable
     records: list[StepRecord] = []
     check = BatchCheck(program.data, expected_rows=program.data.batch_size, rng_rows=rng_rows(program))
-    with Feed(lambda s: executable.fetch(program.data, s, program.seed, check), steps, prefetch) as feed:
+    tracing = contextlib.ExitStack()
+    with tracing, Feed(lambda s: executable.fetch(program.data, s, program.seed, check), steps, prefetch) as feed:
         for step in range(start, steps):
             if step - start == warmup:
                 executable.mark_warm()
-            record = _one_step(executable, feed, step, check)
+            if profile is not None and step == max(profile[0].start, start):
+                tracing.enter_context(executable.profiler(profile[1]))
+            profiled = profile is not None and profile[0].start <= step < profile[0].stop
+            with executable.profile_step(step) if profiled else contextlib.nullcontext():
+                record = _one_step(executable, feed, step, check)
+            if profile is not None and step == profile[0].stop - 1:
+                tracing.close()         # the trace is written here, before the steps after it
             if not math.isfinite(record.loss):
                 raise RunError(nonfinite_message(prepared, record.loss, step, last_good()))
             records.append(record)
@@ -286,8 +302,12 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
                 raise Interrupted(f"interrupted after step {done} of {options.steps}; checkpoint {saved[-1]} "
                                   f"written (continue with --resume {options.checkpoint_dir})")
 
+        spec = ProfileSpec.parse(options.profile, options.steps) if options.profile else None
+        if spec is not None and spec.stop <= start:
+            raise ConfigError(f"--profile {spec}: the run resumes at step {start}, after the profiled steps")
+        traced = (spec, options.profile_dir) if spec is not None and options.profile_dir is not None else None
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
-                        lambda: writer.last if writer else None, options.prefetch)
+                        lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
     summary.recompiles_after_warmup = executable.recompiles() if warmup else None
     if summary.recompiles_after_warmup:
@@ -309,7 +329,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
         layout=executable.layout(),
         compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
-        data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program))
+        data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program),
+        profile=summarise(traced[1], traced[0]) if traced else None)
 
 
 def data_info(program: Program) -> dict[str, Any]:

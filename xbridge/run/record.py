@@ -103,6 +103,7 @@ class RunRecord:
     evals: list[EvalRecord] = field(default_factory=list)
     written: str | None = None        # where run.json went (--out)
     provenance: dict[str, Any] = field(default_factory=dict)   # command line, program file, its git commit/dirty
+    profile: dict[str, Any] | None = None     # --profile: the trace files and their summary (xbridge/run/profile.py)
     record_version: int = RECORD_VERSION
 
     @property
@@ -120,6 +121,8 @@ class RunRecord:
         data["evals"] = [e.to_json() for e in self.evals]
         if self.written is None:
             del data["written"]
+        if self.profile is None:
+            del data["profile"]
         return data
 
     @classmethod
