@@ -257,6 +257,9 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--dump", "{ws}/afile.txt"], "--dump '{ws}/afile.txt' exists and is not a directory"),
     (["run", MLP, "--out", "{ws}/" + "x" * 300], "is longer than the 255 bytes a file name may have"),
     (["run", MLP, "--seed", str(2 ** 64)], "seed must be an int in [0, 2**63), got 18446744073709551616"),
+    (["run", MLP, "--profile", "steps=1:2"], "--profile needs --out DIR (the trace is written under DIR/profile)"),
+    (["run", MLP, "--profile", "5:8", "--out", "{ws}/new"], "--profile '5:8' is not steps=A:B"),
+    (["compare", MLP, "--profile", "steps=3:30", "--steps", "5"], "--profile 'steps=3:30': the steps must satisfy A < B <= --steps (5)"),
     (["run", MLP, "--init-state", "{ws}/one.npy"], "--init-state '{ws}/one.npy' is a single array (.npy); give an .npz"),
     # data: a batch that changes, files that are wrong, a file that changed since the checkpoint
     (["run", BAD_DATA + ":missing_key", "--steps", "3"], "data Spoiled, step 2: batch key 'y' is missing (step 0 had it)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 
 import numpy as np
@@ -64,7 +65,9 @@ def test_compare_every_available_target(tmp_path):
             assert profile["marked_steps"] == [3, 4], (row["target"], profile)
     report = (tmp_path / "report.md").read_text()
     assert "Profile of jax-cpu (steps=3:5)" in report
-    table = [line for line in report.splitlines() if line.startswith("| ")][2:]     # under the header and its rule
+    lines = report.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("| target |")))
+    table = [line for line in itertools.takewhile(lambda line: line.startswith("| "), lines[first:])][2:]
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets
     assert f"config hash `{record['config_hash']}`" in report and "measured: best of" in report
     assert "command: `xbridge compare " in report

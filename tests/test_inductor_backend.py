@@ -159,6 +159,6 @@ def test_a_worker_that_dies_or_hangs_is_named():
     line = error_line(proc)
     assert "inductor rank 1 exited with code 7 during step" in line and "rank1.log" in line, line
     proc = run_cli("run", FAULT, "--backend", "inductor-cpu", "--devices", "2", "--steps", "3",
-                   env={"XBRIDGE_TEST_FAULT": "hang-init", "XBRIDGE_DIST_TIMEOUT": "30"})   # room for a loaded machine
+                   env={"XBRIDGE_TEST_FAULT": "hang-init", "XBRIDGE_DIST_TIMEOUT": "20"})   # room for a loaded machine
     assert proc.returncode == 1
-    assert "inductor rank 1 did not answer init within 30 s (XBRIDGE_DIST_TIMEOUT)" in error_line(proc)
+    assert "inductor rank 1 did not answer init within 20 s (XBRIDGE_DIST_TIMEOUT)" in error_line(proc)

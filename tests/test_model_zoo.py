@@ -33,10 +33,12 @@ def _parity(tmp_path, program, *extra, steps="10"):
 
 
 # Suite time: BERT and T5 in fp32 are the dropout variants below (the same models with dropout on, under --rng
-# portable); bf16-true runs for the Llama (every family passed bf16-true by hand, 2026-11-30)
+# portable); bf16-mixed for the decoder, the MoE and the CNN (BERT and T5 passed bf16-mixed in the suite until
+# 2026-11-30, when they left it for time); bf16-true runs for the Llama (every family passed bf16-true by hand,
+# 2026-11-30)
 @pytest.mark.parametrize("name,precision", [
     ("llama", "fp32"), ("moe", "fp32"), ("resnet", "fp32"),
-    *((name, "bf16-mixed") for name in ("llama", "moe", "bert", "t5", "resnet")), ("llama", "bf16-true")])
+    *((name, "bf16-mixed") for name in ("llama", "moe", "resnet")), ("llama", "bf16-true")])
 def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, precision):
     record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision, steps="6")
     assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
@@ -55,15 +57,16 @@ def test_models_with_their_default_dropout_match_under_portable_randomness(tmp_p
     assert record["rng"] == "portable"
 
 
-def test_bert_with_dropout_at_four_devices_on_every_backend(tmp_path):
-    """The masked-LM BERT with its default dropout, its loss as xb.LossSum, at 4 devices on the backends that average
-    per-device losses (inductor's 4 ranks, jax's shard_map): each takes the global batch's loss and draws the same
-    masks. (jax GSPMD and xla SPMD take the loss over the global batch: they passed this case too, by hand,
-    2026-11-30, and the stochastic program at 4 devices is in tests/test_portable_rng.py; the model's own mean loss
-    is a different loss at 4 devices there: tests/test_loss_sum.py shows the cause parity names.)"""
-    record = _parity(tmp_path, f"{ZOO}:bert_dropout", "--backends", "inductor-cpu,jax-cpu:sharding-mode=shard_map",
+def test_bert_with_dropout_at_four_devices_on_shard_map(tmp_path):
+    """The masked-LM BERT with its default dropout, its loss as xb.LossSum, at 4 devices on jax's shard_map, which
+    takes the loss on each device's rows: the global batch's loss, and the same masks. (Suite time: inductor's 4
+    ranks, jax GSPMD and xla SPMD passed this case by hand, 2026-11-30: loss within 9.1e-8; inductor's ranks with a
+    LossSum at 4 devices and two micro-batches are in tests/test_loss_sum.py, and its ranks' portable draws at 4
+    devices in tests/test_portable_rng.py; the model's own mean loss is a different loss at 4 devices:
+    tests/test_loss_sum.py shows the cause parity names.)"""
+    record = _parity(tmp_path, f"{ZOO}:bert_dropout", "--backends", "jax-cpu:sharding-mode=shard_map",
                      "--rng", "portable", "--devices", "4", steps="4")
-    assert len(record["targets"]) == 2 and all(r["devices"] == 4 for r in record["targets"])
+    assert len(record["targets"]) == 1 and all(r["devices"] == 4 for r in record["targets"])
 
 
 def test_a_broken_autocast_policy_fails_parity_on_the_matmul_dtypes(tmp_path):

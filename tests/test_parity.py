@@ -96,9 +96,9 @@ def test_a_failing_comparison_explains_itself(tmp_path):
 
 
 def test_unmodified_hugging_face_gpt2(tmp_path):
-    """transformers' GPT2LMHeadModel (tiny config, random init, tied embeddings), fsdp over 2 devices, 8 steps."""
+    """transformers' GPT2LMHeadModel (tiny config, random init, tied embeddings), fsdp over 2 devices, 4 steps."""
     pytest.importorskip("transformers", reason="the test extra installs transformers")
-    code, record = parity(tmp_path, FIXTURES / "hf_gpt2.py", "--devices", "2", "--bisect", "--steps", "8")
+    code, record = parity(tmp_path, FIXTURES / "hf_gpt2.py", "--devices", "2", "--bisect", "--steps", "4")
     assert record["targets"], record
     for row in record["targets"]:
         assert row["verdict"] == "pass", row

@@ -68,7 +68,7 @@ def print_run(result: RunRecord) -> None:
 
 def print_profile(profile: dict[str, Any], top: int = 5) -> None:
     """--profile: the trace files and the operations that took the most time over the profiled steps."""
-    steps = f", steps {', '.join(f'{ms:.1f}' for ms in profile['step_ms'])} ms" if profile.get("step_ms") else ""
+    steps = f"; each step {', '.join(f'{ms:.1f}' for ms in profile['step_ms'])} ms" if profile.get("step_ms") else ""
     console.print(f"profile ({profile['steps']}{steps}): {', '.join(escape(t) for t in profile['traces'])}")
     for op in profile.get("top_ops", [])[:top]:
         console.print(f"  {op['total_ms']:10.2f} ms  x{op['calls']:<5d} {escape(op['name'][:100])}")

@@ -82,8 +82,8 @@ def summarise(directory: Path, spec: ProfileSpec, top: int = 10) -> dict[str, An
                 number = name[len(STEP_MARK):].strip() or str(e.get("args", {}).get("step_num", ""))
                 marks.append((int(number) if number.isdigit() else -1, dur))
                 continue
-            if name.startswith("$") or name.startswith("<built-in") or e.get("cat") == "python_function":
-                continue
+            if (name.startswith(("$", "<built-in", "PyTorch Profiler")) or e.get("cat") == "python_function"):
+                continue        # Python frames, and torch.profiler's own span over the whole trace
             lane = lanes.get((e.get("pid"), None), "") + " " + lanes.get((e.get("pid"), e.get("tid")), "")
             on_device = bool(_DEVICE_LANE.search(lane)) or e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
             if on_device:
