@@ -11,7 +11,7 @@ import torch
 
 from xbridge.data.contract import checked_batch
 from xbridge.errors import ProgramError
-from xbridge.ir.loss import LossSum, describe_loss_output
+from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
 from xbridge.program_file import user_frame
 from xbridge.weights import meta_model
@@ -45,10 +45,7 @@ def check_loss(program: Program) -> None:
         return
     except Exception:   # what the meta device cannot run (.item(), data-dependent shapes): left to the first step
         return
-    problem = describe_loss_output(out)
-    if problem is not None:
-        raise ProgramError(f"the loss of program {program.name!r} must return a 0-d tensor or "
-                           f"xb.LossSum(total, count), got {problem}")
+    check_loss_output(out, program.name)
     value = out.total if isinstance(out, LossSum) else out
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         kind = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__

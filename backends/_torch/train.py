@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from xbridge.backend import Executable
-from xbridge.errors import ProgramError
-from xbridge.ir.loss import LossSum, describe_loss_output
+from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.optim import SGD, AdamW
 from xbridge.ir.precision import Precision
 from xbridge.ir.program import Program
@@ -150,10 +149,7 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 def loss_parts(out: Any, program: Program) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What the loss returned, as float32: (the mean, None), or (the total, the count) of an ``xb.LossSum``."""
-    problem = describe_loss_output(out)
-    if problem is not None:
-        raise ProgramError(f"the loss of program {program.name!r} must return a 0-d tensor or "
-                           f"xb.LossSum(total, count), got {problem}")
+    check_loss_output(out, program.name)
     if isinstance(out, LossSum):
         total = out.total.float()
         count = out.count if isinstance(out.count, torch.Tensor) else torch.tensor(out.count)

@@ -56,6 +56,11 @@ def _listen_once() -> None:
     jax.monitoring.register_event_duration_secs_listener(_count_duration)
 
 
+def _nonzero(count: jax.Array) -> jax.Array:
+    """An ``xb.LossSum`` count to divide by: 1 stands for 0 (a batch without items, whose total is 0)."""
+    return jnp.where(count > 0, count, 1.0)
+
+
 def enable_compilation_cache() -> None:
     """JAX's persistent compilation cache, on by default (JAX_COMPILATION_CACHE_DIR still wins)."""
     if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # (flags are declared at run time)
@@ -206,7 +211,7 @@ class JaxExecutable(Executable):
             count = count if summed[-1] else None
         if count is not None:
             items = count_everywhere(count)
-            factor = divisor / jnp.where(items > 0, items, 1.0)
+            factor = divisor / _nonzero(items)
             grads = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
             loss = loss * factor
         return grads, loss, updated
@@ -331,7 +336,7 @@ class JaxExecutable(Executable):
             def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
                 with eval_mode(model):
                     loss, count, _ = self.lowered(params, buffers, b)
-                    return loss if count is None else loss / jnp.where(count > 0, count, 1.0)
+                    return loss if count is None else loss / _nonzero(count)
 
             self._eval = jax.jit(loss_in_eval_mode)
         with matmul_precision(self.program.precision.compute):

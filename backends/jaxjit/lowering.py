@@ -20,8 +20,8 @@ from torchax import interop
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
-from xbridge.errors import LoweringError, ProgramError
-from xbridge.ir.loss import LossSum, describe_loss_output
+from xbridge.errors import LoweringError
+from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
 
 from .._torch.train import torch_dtype
@@ -105,10 +105,7 @@ class LoweredLoss:
                                 "register it as a buffer") from None
         finally:
             self.tracker.stack.clear()
-        problem = describe_loss_output(loss)
-        if problem is not None:
-            raise ProgramError(f"the loss of program {self.program.name!r} must return a 0-d tensor or "
-                                f"xb.LossSum(total, count), got {problem}")
+        check_loss_output(loss, self.program.name)
         if isinstance(loss, LossSum):
             value, count = self.env.t2j_iso(loss.total), self.env.t2j_iso(loss.count)
             count = jnp.asarray(count, jnp.float32)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["LossSum", "describe_loss_output"]
+from ..errors import ProgramError
+
+__all__ = ["LossSum", "check_loss_output", "describe_loss_output"]
 
 
 class LossSum(NamedTuple):
@@ -39,3 +41,11 @@ def describe_loss_output(out: Any) -> str | None:
     if found == () and hasattr(out, "shape"):
         return None
     return f"shape {found}" if found is not None else type(out).__name__
+
+
+def check_loss_output(out: Any, program_name: str) -> None:
+    """Raise the one error every backend gives for a loss that returned something else than a loss value."""
+    problem = describe_loss_output(out)
+    if problem is not None:
+        raise ProgramError(f"the loss of program {program_name!r} must return a 0-d tensor or "
+                           f"xb.LossSum(total, count), got {problem}")
