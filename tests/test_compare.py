@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -50,13 +52,18 @@ def test_compare_every_available_target(tmp_path):
     for name in ("loss_deviation.png", "step_time.png", "mfu.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
+    norms: dict[str, list[float]] = {}
     for row in record["targets"]:       # one TensorBoard run per target, a value per step of each scalar
         scalars = read_scalars(tmp_path / "tb" / row["target"])
         assert [step for step, _ in scalars["train/loss"]] == list(range(6))
         np.testing.assert_allclose([v for _, v in scalars["train/loss"]], row["losses"], rtol=1e-6)
-        assert {"train/lr", "time/step_ms", "time/tokens_per_s"} <= set(scalars)
+        assert {"train/lr", "train/grad_norm", "time/step_ms", "time/tokens_per_s"} <= set(scalars)
+        norms[row["target"]] = [v for _, v in scalars["train/grad_norm"]]
         assert all(len(values) == 6 and all(v > 0 for _, v in values) for tag, values in scalars.items()
                    if tag.startswith("time/step") or tag.startswith("time/tokens"))
+    for target, values in norms.items():    # every stack reports the same gradient norm as eager, step by step
+        assert all(v > 0 for v in values), target
+        np.testing.assert_allclose(values, norms["eager-cpu"], rtol=1e-4, err_msg=target)
     for row in record["targets"]:       # each stack's own profiler traced steps 3 and 4 into its run folder
         profile = row["result"]["profile"]
         assert profile["steps"] == "steps=3:5" and profile["top_ops"], row["target"]
@@ -74,6 +81,22 @@ def test_compare_every_available_target(tmp_path):
     git = record["provenance"]["git"]          # a clone of the project: its commit (None only without git)
     assert git is None or f"at commit `{git['commit'][:12]}`" in report
     assert json.loads((tmp_path / "results.json").read_text())["targets"][1]["target"] == targets[1]
+    # docs/results.md's compare section is regenerated from this folder; the text around the markers stays
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nbefore\n<!-- compare:make-run begin -->\nold table\n"
+                    "<!-- compare:make-run end -->\nreading of the figures\n")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "results_from_compare.py"), str(tmp_path),
+                           "--results", str(page)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert text.startswith("# Results\n\nbefore\n<!-- compare:make-run begin -->\n## xbridge compare: ")
+    assert "old table" not in text and text.endswith("<!-- compare:make-run end -->\nreading of the figures\n")
+    assert table[0] in text and "measured 20" in text and "\n# " not in text
+    page.write_text("no markers\n")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "results_from_compare.py"), str(tmp_path),
+                           "--results", str(page)], capture_output=True, text=True)
+    assert done.returncode == 2 and "compare:make-run begin" in one_error_line(done)
+    assert page.read_text() == "no markers\n"
 
 
 def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path):

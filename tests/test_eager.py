@@ -100,12 +100,21 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_gpt):
 def test_clipping_bounds_the_global_gradient_norm(tiny_gpt):
     clip = 1e-3
     program = tiny_gpt.replace(optimizer=xb.SGD(lr=1.0), step=xb.StepOptions(clip_grad_norm=clip))
-    exe = lower(program)
-    before = exe.state_dict()
-    exe.step(program.data.batch(0, program.seed))
-    after = exe.state_dict()
-    delta = np.sqrt(sum(float(np.sum((after[k] - before[k]).astype(np.float64) ** 2)) for k in before))
+
+    def one_step(program):
+        exe = lower(program)
+        before = exe.state_dict()
+        metrics = exe.step(program.data.batch(0, program.seed))
+        after = exe.state_dict()
+        return metrics, np.sqrt(sum(float(np.sum((after[k] - before[k]).astype(np.float64) ** 2)) for k in before))
+
+    clipped, delta = one_step(program)
     assert delta == pytest.approx(clip, rel=1e-3)        # SGD step = -lr * clipped gradient, whose norm is clip
+    free, free_delta = one_step(program.replace(step=xb.StepOptions()))
+    # the reported gradient norm is the global norm before clipping: the unclipped SGD step's length
+    assert free_delta > 100 * clip
+    assert free["grad_norm"] == pytest.approx(free_delta, rel=1e-4)
+    assert clipped["grad_norm"] == pytest.approx(free_delta, rel=1e-4)
 
 
 def test_precision_semantics(tiny_gpt):

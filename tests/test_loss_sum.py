@@ -25,8 +25,8 @@ def _train(program, accum: int, steps: int = 3) -> tuple[list[float], dict[str, 
     program = program.replace(step=xb.StepOptions(grad_accum=accum))
     model = build_model(program, initial_weights(program), torch.device("cpu"))
     step = TrainStep(program, model, torch.device("cpu"))
-    losses = [float(step(batch_to_torch(program.data.batch(s, program.seed), torch.device("cpu"), program.precision)))
-              for s in range(steps)]
+    losses = [float(step(batch_to_torch(program.data.batch(s, program.seed), torch.device("cpu"),
+                                        program.precision))[0]) for s in range(steps)]
     return losses, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 

@@ -55,8 +55,8 @@ class TorchExecutable(TorchTrainState):
     def step(self, batch: Any) -> dict[str, float]:
         lr = self.train_step.lr
         with hints.activate(self._hints):
-            loss = self.train_step(self.placed(batch))
-        return {"loss": float(loss), "lr": lr}      # float() waits for the device
+            loss, norm = self.train_step(self.placed(batch))
+        return {"loss": float(loss), "lr": lr, "grad_norm": float(norm)}      # float() waits for the device
 
     def evaluate(self, batch: Any) -> float:
         with hints.activate(self._hints):

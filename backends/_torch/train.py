@@ -196,7 +196,7 @@ def split_micro(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, to
 class TrainStep:
     """One optimizer step: the schedule's learning rate, the micro-batch loop with gradient accumulation, loss
     scaling, global-norm clipping and the optimizer update. ``__call__`` returns the mean loss as a 0-d float32
-    tensor.
+    tensor and the gradients' global L2 norm (unscaled, before clipping: what ``clip_grad_norm_`` returns).
 
     A loss that returns ``xb.LossSum(total, count)`` is differentiated as its total; the summed gradients are then
     multiplied by :meth:`normaliser` of the summed counts (1 / count in one process), so the step's loss is the
@@ -221,7 +221,7 @@ class TrainStep:
         scaled = program.precision.loss_scale == "dynamic"
         self.scaler: torch.amp.GradScaler | None = torch.amp.GradScaler(device.type, enabled=scaled) if scaled else None
 
-    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         program, model = self.program, self.model
         accum = program.step.grad_accum
         set_lr(self.optimizer, self.lr)
@@ -248,24 +248,28 @@ class TrainStep:
             total = total * factor
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if program.step.clip_grad_norm is not None:
-            self.clip_gradients(program.step.clip_grad_norm)
+        norm = self.gradient_norm()
+        if program.step.clip_grad_norm is not None:     # torch's clip_grad_norm_, with the norm computed once
+            torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None],
+                                                 program.step.clip_grad_norm, norm, foreach=False)
         if self.scaler:
             self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
             self.scaler.update()
         else:
             self.optimizer_step()
         self.updates += 1
-        return total
+        return total, norm
 
     def normaliser(self, count: torch.Tensor) -> torch.Tensor | float:
         """What the gradients of summed totals are multiplied by, given this process's summed ``xb.LossSum`` count:
         1 / count here; a data-parallel backend totals the count over its ranks instead."""
         return per_item(torch.ones_like(count), count)
 
-    def clip_gradients(self, max_norm: float) -> None:
-        """Global-norm clipping (torch's formula); a sharded backend totals the norm over its ranks instead."""
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=False)
+    def gradient_norm(self) -> torch.Tensor:
+        """The global L2 norm of the gradients (torch's ``get_total_norm``, as ``clip_grad_norm_`` computes it); a
+        sharded backend totals it over its ranks instead."""
+        return torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None],
+                                             2.0, foreach=False)
 
     @property
     def lr(self) -> float:

@@ -74,13 +74,11 @@ class DistributedTrainStep(TrainStep):
         items = float(count)
         return self.batch_parts / items if items > 0 else float(self.batch_parts)
 
-    def clip_gradients(self, max_norm: float) -> None:
+    def gradient_norm(self) -> torch.Tensor:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         # each parameter's norm over all its shards (DTensor reduces it), then torch's formula on the host side
         norms = [to_plain(torch.linalg.vector_norm(g, 2.0)) for g in grads]
-        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
-        torch.nn.utils.clip_grads_with_norm_([p for p in self.model.parameters() if p.grad is not None], max_norm,
-                                             total, foreach=False)
+        return torch.linalg.vector_norm(torch.stack(norms), 2.0) if norms else torch.zeros(())
 
     def nonfinite_grads(self) -> list[str]:
         named = list(self.model.named_parameters())
@@ -171,8 +169,8 @@ class RankEngine(InductorExecutable):
     def _train(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         lr = self.train_step.lr
         with hints.activate(self._hints):
-            loss = self.train_step(tensors)
-        return {"loss": self._batch_mean(loss), "lr": lr}
+            loss, norm = self.train_step(tensors)
+        return {"loss": self._batch_mean(loss), "lr": lr, "grad_norm": float(norm)}
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:
         local = local_rows(batch, self.batch_parts, self.batch_index, 1)

@@ -233,10 +233,12 @@ class JaxExecutable(Executable):
         # per parameter, how many gradient entries are NaN/Inf: names the culprit when the loss goes non-finite
         bad_grads = jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(grads[n])).astype(jnp.float32))
                                for n in self.lowered.param_names])
+        # the global L2 norm, unscaled and before clipping (what torch's clip_grad_norm_ returns)
+        norm = jnp.sqrt(sum((reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items()),
+                            jnp.zeros((), jnp.float32)))
         clip = self.program.step.clip_grad_norm
         if clip is not None:
-            sq = sum(reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items())
-            coef = jnp.minimum(clip / (jnp.sqrt(sq) + 1e-6), 1.0)
+            coef = jnp.minimum(clip / (norm + 1e-6), 1.0)
             grads = jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads)
         lr = optimizers.learning_rate(spec, state["step"])
         trained = {n: params[n] for n in self.trained}     # as torch.optim: a parameter without gradient is skipped
@@ -249,11 +251,11 @@ class JaxExecutable(Executable):
         else:
             new["params"], new["opt"] = updated, opt
         new["step"] = state["step"] + 1
-        return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads}
+        return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads, "grad_norm": norm}
 
     def _build(self) -> Any:        # a jitted function (jax.stages.Wrapped: called, and .lower() for --dump)
         scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
-        metric_specs = {"loss": P(), "lr": P(), "bad_grads": P()}
+        metric_specs = {"loss": P(), "lr": P(), "bad_grads": P(), "grad_norm": P()}
         metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
 
         def jit(fn: Callable) -> Callable:
@@ -348,7 +350,8 @@ class JaxExecutable(Executable):
         with matmul_precision(self.program.precision.compute):
             self.state, metrics = self.jitted(self.state, device_batch)
         self._bad_grads = metrics["bad_grads"]
-        return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"])}  # float() waits for the device
+        # float() waits for the device
+        return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         params = jax.device_get(self.state["params"])

@@ -215,8 +215,8 @@ class XlaExecutable(TorchTrainState):
         tensors = self.put(batch) if on_host(batch) else batch
         lr = self.train_step.lr
         with hints.activate(self._hint):
-            loss = self.compiled(tensors)
-        return {"loss": float(loss.item()), "lr": lr}   # .item() waits for the device
+            loss, norm = self.compiled(tensors)
+        return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item())}   # .item() waits for the device
 
     def evaluate(self, batch: Any) -> float:
         """The loss in eval mode as lazy tensors (one XLA graph, compiled once), in either mode."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     record = {
         "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
         "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
         "flops_per_step": flops, "reference": reference,
         "loss_limit": policy.tolerance(program.precision).loss_rtol, "provenance": provenance(program),

@@ -27,7 +27,8 @@ def render(record: dict[str, Any]) -> str:
         f"{record['precision']}, {options['devices']} device(s), mesh {mesh}, "
         f"{options['steps']} steps ({options['warmup']} warm-up, not timed), rng {rng}",
         f"- reference (loss deviation): {record['reference']}, parity limit {limit:.0e}",
-        f"- machine: {machine.get('platform')}, {machine.get('cpu_count')} CPU cores, Python {machine.get('python')}",
+        f"- machine: {machine.get('cpu') or machine.get('machine')}, {machine.get('cpu_count')} CPU cores, "
+        f"{machine.get('platform')}, Python {machine.get('python')}; measured {record.get('measured_at', '-')}",
         f"- xbridge {record['xbridge']}; FLOPs per step {record['flops_per_step']:.4g} (counted on the meta device)",
     ]
     if git:

@@ -86,7 +86,20 @@ class RunOptions:
 
 def machine() -> dict[str, Any]:
     return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+            "cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (``platform.processor()`` is empty there), else None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 def summarize(program: Program, records: list[StepRecord], warmup: int) -> RunSummary:

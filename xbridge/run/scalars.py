@@ -2,7 +2,8 @@
 ``tensorboard --logdir DIR``). tensorboardX writes them: it is small (pure Python over protobuf) where the
 ``tensorboard`` package brings its web server along; install it with ``pip install 'xbridge[tensorboard]'``.
 
-Per step (the step index as in ``run.json``): ``train/loss``, ``train/lr``, ``time/step_ms``, ``time/tokens_per_s``,
+Per step (the step index as in ``run.json``): ``train/loss``, ``train/lr``, ``train/grad_norm`` (the gradients'
+global L2 norm before clipping), ``time/step_ms``, ``time/tokens_per_s``,
 ``time/data_wait_ms`` where the backend reports it; per evaluation ``eval/loss`` (and ``eval/perplexity`` for token
 data) at the number of completed steps."""
 
@@ -36,8 +37,9 @@ class Scalars:
     def step(self, record: StepRecord) -> None:
         add = self.writer.add_scalar
         add("train/loss", record.loss, record.step)
-        if "lr" in record.metrics:
-            add("train/lr", record.metrics["lr"], record.step)
+        for key in ("lr", "grad_norm"):
+            if key in record.metrics:
+                add(f"train/{key}", record.metrics[key], record.step)
         add("time/step_ms", record.time_s * 1e3, record.step)
         if record.time_s > 0:
             add("time/tokens_per_s", self.tokens_per_step / record.time_s, record.step)
