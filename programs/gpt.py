@@ -98,3 +98,7 @@ gpt2_small = gpt_program("gpt2-small", dim=768, layers=12, heads=12, seq=1024, b
 # The GPT with GPT-2's dropout (0.1 on attention weights and both residual branches): what portable randomness
 # costs (bench/rng.py); its parity needs --rng portable.
 gpt_dropout = gpt_program("gpt-dropout", dim=256, layers=4, heads=4, seq=256, batch=16, lr=3e-3, dropout=0.1)
+
+# Long sequences, for activation memory (bench/remat.py: `xbridge compare programs/gpt.py:gpt_seq1024 --remat full`):
+# 6 layers of 256 over 1024 tokens, batch 8.
+gpt_seq1024 = gpt_program("gpt-seq1024", dim=256, layers=6, heads=4, seq=1024, batch=8, lr=3e-3)

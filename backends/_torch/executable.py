@@ -16,6 +16,7 @@ from xbridge.backend import on_host
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
+from . import remat
 from .matmul_census import count_torch
 from .module_outputs import trace_torch
 from .profiling import torch_profiler, torch_step
@@ -41,7 +42,9 @@ class TorchExecutable(TorchTrainState):
         return TrainStep(self.program, model, self.device)
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
-        self.model = self.prepare_model(build_model(self.program, weights, self.device))
+        model = build_model(self.program, weights, self.device)
+        remat.apply(model, self.program, remat.torch_checkpoint(self.program.step.remat))
+        self.model = self.prepare_model(model)
         self.train_step = self.make_train_step(self.model)
         compile = self.compiler()
         self.eval_fn = compile(self.program.loss) if compile else self.program.loss

@@ -153,8 +153,8 @@ class PortableRandom(TorchFunctionMode):
 
 
 def _dropout(mode: PortableRandom, input: torch.Tensor, p: float = 0.5, training: bool = True,
-             inplace: bool = False) -> torch.Tensor:
-    return mode.dropout(input, p, training)
+             inplace: bool = False, train: bool | None = None) -> torch.Tensor:
+    return mode.dropout(input, p, training if train is None else train)    # torch.dropout names it ``train``
 
 
 def _feature_dropout(dims: int) -> Callable[..., torch.Tensor]:
@@ -362,3 +362,25 @@ def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
         for handle in handles:
             handle.remove()
     return recorder.found
+
+
+def active_mode() -> PortableRandom | None:
+    """The portable generator of the loss call running now, or None (``--rng native``, or outside a loss call)."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def replaying(mode: PortableRandom, site: int) -> Iterator[None]:
+    """Draw again from call site ``site`` on: a layer recomputed by activation checkpointing (during the backward
+    pass, after the loss call has left its mode) draws the bits its forward drew. Afterwards the count of sites is
+    where it was, or past the replayed ones when this is the first run. The mode is entered again even when it is
+    active: a layer run as a JAX function (torchax) has torchax's own mode above it, which would see the layer's
+    operations first."""
+    resume, mode.site = mode.site, site
+    _ACTIVE.append(mode)
+    try:
+        with mode:
+            yield
+    finally:
+        _ACTIVE.pop()
+        mode.site = max(resume, mode.site)

@@ -28,8 +28,9 @@ from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 from xbridge.run.profile import STEP_MARK
 
+from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
-from . import ops, optimizers
+from . import ops, optimizers, remat
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
@@ -103,6 +104,7 @@ class JaxExecutable(Executable):
     def init(self, weights: dict[str, np.ndarray]) -> None:
         program = self.program
         model = build_model(program, weights, torch.device("cpu"))
+        shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
         ops.register()
         self.lowered = LoweredLoss(program, model)
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"

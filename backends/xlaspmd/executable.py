@@ -33,8 +33,9 @@ from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
+from .._torch import remat as shared_remat
 from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
-from . import ops
+from . import ops, remat
 
 _RUNTIME_READY = False
 
@@ -182,6 +183,7 @@ class XlaExecutable(TorchTrainState):
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         self.model = build_model(self.program, weights, self.device)
+        shared_remat.apply(self.model, self.program, remat.checkpoint(self.program.step.remat, str(self.target)))
         planned = {p.name: p.spec for p in self.plan.params}
         for name, param in self.model.named_parameters():
             xs.mark_sharding(param, self.mesh, planned[name])

@@ -30,6 +30,7 @@ class CompareOptions:
     timeout_s: float = 900.0
     reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
     rng: str | None = None       # --rng: native or portable (None: the program's own)
+    remat: str | None = None     # --remat: none, full or dots (None: the program's own)
     tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
     profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
 
@@ -42,7 +43,7 @@ class CompareOptions:
 
     def child(self) -> ChildOptions:
         return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
-                            rng=self.rng, tensorboard=self.tensorboard,
+                            rng=self.rng, remat=self.remat, tensorboard=self.tensorboard,
                             extra=["--profile", self.profile] if self.profile else [])
 
 

@@ -16,6 +16,7 @@ from .precision import Precision, parse_precision
 from .sharding import Sharding
 
 RNG_MODES = ("native", "portable")   # StepOptions.rng
+REMAT_MODES = ("none", "full", "dots")   # StepOptions.remat
 
 
 @serialize.register
@@ -26,11 +27,17 @@ class StepOptions:
     L2 norm (torch.nn.utils.clip_grad_norm_ semantics) before the update; None disables it. ``rng``: where the
     forward's random draws (dropout, torch.rand...) come from: ``native``, each stack's own generator (fast; the
     stacks draw different numbers), or ``portable``, one counter-based generator computed inside the step, the same
-    bits on every backend, mesh and process (parity of programs with dropout; docs/parity.md, "Randomness")."""
+    bits on every backend, mesh and process (parity of programs with dropout; docs/parity.md, "Randomness").
+    ``remat``: activation checkpointing of the model's layers (docs/depth-and-memory.md): ``none``; ``full``, each
+    layer keeps only its inputs and is recomputed in the backward pass; ``dots``, each layer keeps its matmul outputs
+    and recomputes the rest. ``layers``: the dotted path of the ``nn.ModuleList`` that holds the layers (e.g.
+    ``"blocks"``, ``"model.layers"``); None finds the longest ``ModuleList`` of modules of one class."""
 
     grad_accum: int = 1
     clip_grad_norm: float | None = None
     rng: str = "native"
+    remat: str = "none"
+    layers: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -40,6 +47,12 @@ class StepOptions:
             raise ConfigError(f"StepOptions clip_grad_norm must be a number > 0 or None, got {self.clip_grad_norm!r}")
         if self.rng not in RNG_MODES:
             raise ConfigError(f"StepOptions rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
+        if self.remat not in REMAT_MODES:
+            raise ConfigError(f"StepOptions remat must be one of {', '.join(REMAT_MODES)}, got {self.remat!r}")
+        if self.layers is not None and not (isinstance(self.layers, str) and all(
+                part.isidentifier() or part.isdigit() for part in self.layers.split("."))):
+            raise ConfigError(f"StepOptions layers must be a dotted module path such as 'model.layers' or None, "
+                              f"got {self.layers!r}")
 
 
 _CALLABLE = {"callable": True}

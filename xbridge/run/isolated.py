@@ -36,6 +36,7 @@ class ChildOptions:
     timeout_s: float = 900.0
     extra: list[str] = field(default_factory=list)      # more ``run`` arguments
     rng: str | None = None
+    remat: str | None = None
     tensorboard: Path | None = None      # each target's scalars under TENSORBOARD/<target> (one TensorBoard run each)
 
 
@@ -124,6 +125,8 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
         cmd += ["--mesh", options.mesh]
     if options.rng:
         cmd += ["--rng", options.rng]
+    if options.remat:
+        cmd += ["--remat", options.remat]
     if options.tensorboard is not None:
         cmd += ["--tensorboard", str(options.tensorboard / target)]
     return cmd + options.extra

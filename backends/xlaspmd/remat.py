@@ -1,0 +1,27 @@
+"""Activation checkpointing on torch_xla (``StepOptions(remat=...)``; the shared part is backends/_torch/remat.py):
+``torch_xla.utils.checkpoint.checkpoint``, torch's reentrant checkpoint with an optimization barrier on the saved
+inputs so that XLA does not fold the recomputation back into the forward pass. It recomputes whole layers and takes
+no policy (torch_xla 2.9: no ``context_fn``, and ``use_reentrant=False`` raises), so ``dots`` is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from xbridge.errors import ConfigError
+
+from .._torch.remat import Checkpoint
+
+
+def checkpoint(remat: str, target: str) -> Checkpoint:
+    if remat == "dots":
+        raise ConfigError(f"StepOptions remat='dots' is not available on {target}: torch_xla's checkpoint "
+                          "(torch_xla.utils.checkpoint) recomputes whole layers and takes no policy; use remat='full'")
+    from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+    def run(fn: Callable[..., Any], tensors: Sequence[torch.Tensor]) -> Any:
+        return xla_checkpoint(fn, *tensors)
+
+    return run
