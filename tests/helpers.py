@@ -9,6 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "programs"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

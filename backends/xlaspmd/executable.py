@@ -183,7 +183,8 @@ class XlaExecutable(TorchTrainState):
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         self.model = build_model(self.program, weights, self.device)
-        shared_remat.apply(self.model, self.program, remat.checkpoint(self.program.step.remat, str(self.target)))
+        layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
+        shared_remat.apply(self.model, self.program, layer_checkpoint)
         planned = {p.name: p.spec for p in self.plan.params}
         for name, param in self.model.named_parameters():
             xs.mark_sharding(param, self.mesh, planned[name])
