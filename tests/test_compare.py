@@ -32,6 +32,7 @@ def test_compare_every_available_target(tmp_path):
         assert row["status"] == "ok", row.get("error")
         m = row["metrics"]
         assert m["loss_parity"] is True and m["recompiles"] == 0
+        assert m["attention"] == "-"        # the MLP calls no attention; the GPT's rows name their kernels
         assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
         assert 0 < m["mfu"] < 1 and m["achieved_tflops"] > 0
         assert m["samples_per_s"] == pytest.approx(64 / (m["step_ms_median"] / 1e3))

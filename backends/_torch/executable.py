@@ -16,7 +16,7 @@ from xbridge.backend import on_host
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
-from . import remat
+from . import attention, remat
 from .matmul_census import count_torch
 from .module_outputs import trace_torch
 from .profiling import torch_profiler, torch_step
@@ -79,6 +79,10 @@ class TorchExecutable(TorchTrainState):
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return count_torch(self.program, self.model, tensors, self.device.type, self._hints)
+
+    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return attention.probe(self.program, self.model, tensors, self.device.type, self._hints)
 
     def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
         return torch_profiler(directory, self.device)

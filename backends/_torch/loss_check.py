@@ -24,6 +24,16 @@ __all__ = ["check_loss"]
 _PROGRAM_MISTAKES = (KeyError, NameError, AttributeError, IndexError)
 
 
+def meta_batch(program: Program) -> dict[str, torch.Tensor]:
+    """The program's first batch as meta tensors (floating data in the params dtype, as the backends place it)."""
+    floating = torch_dtype(program.precision.params)
+    batch = {}
+    for key, value in checked_batch(program.data, 0, program.seed).items():
+        dtype = torch.from_numpy(value[:0]).dtype
+        batch[key] = torch.empty(value.shape, dtype=floating if dtype.is_floating_point else dtype, device="meta")
+    return batch
+
+
 def check_loss(program: Program) -> None:
     """Raise :class:`ProgramError` (or the user's own exception, located by the CLI) when the program cannot train."""
     model = meta_model(program)
@@ -31,13 +41,8 @@ def check_loss(program: Program) -> None:
         raise ProgramError(f"the model of program {program.name!r} has no trainable parameter (none with "
                            "requires_grad=True): there is nothing to train")
     model.train()
-    floating = torch_dtype(program.precision.params)
-    batch = {}
-    for key, value in checked_batch(program.data, 0, program.seed).items():
-        dtype = torch.from_numpy(value[:0]).dtype
-        batch[key] = torch.empty(value.shape, dtype=floating if dtype.is_floating_point else dtype, device="meta")
     try:
-        out = program.loss(model, batch)
+        out = program.loss(model, meta_batch(program))
     except _PROGRAM_MISTAKES as exc:
         found = user_frame(exc)
         if found is not None and found[0] == traceback.extract_tb(exc.__traceback__)[-1]:

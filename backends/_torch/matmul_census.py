@@ -100,7 +100,7 @@ def count_torch(program: Program, model: torch.nn.Module, tensors: dict[str, tor
     census = MatmulCensus()
     _active.append(census)
     try:
-        with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type), \
+        with eval_mode(model), torch.no_grad(), compute_context(program, device_type), \
                 hints.activate(hint), census, CompositeScope(census):
             program.loss(model, tensors)
     finally:

@@ -49,6 +49,6 @@ def trace_torch(program: Program, model: torch.nn.Module, tensors: dict[str, tor
                 hint: hints.Handler | None) -> dict[str, np.ndarray]:
     """``trace_modules`` for the backends that run the torch module itself (eager, inductor, xla)."""
     with torch.no_grad(), recording(model, tensor_to_numpy) as outputs, \
-            compute_context(program.precision, device_type), hints.activate(hint):
+            compute_context(program, device_type), hints.activate(hint):
         program.loss(model, tensors)
     return outputs

@@ -126,13 +126,29 @@ def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
             group["lr"] = value
 
 
+_SDP_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION"}
+
+
+def attention_choice(kernel: str) -> contextlib.AbstractContextManager[Any]:
+    """``StepOptions(attention=...)`` on torch: the one ``SDPBackend`` allowed (torch raises when it cannot run)."""
+    if kernel == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, _SDP_BACKENDS[kernel])])
+
+
 @contextlib.contextmanager
-def compute_context(precision: Precision, device_type: str) -> Iterator[None]:
-    if precision.compute != precision.params:
-        with torch.autocast(device_type=device_type, dtype=torch_dtype(precision.compute)):
+def compute_context(program: Program, device_type: str) -> Iterator[None]:
+    """Where the loss runs: the precision's autocast and the attention kernel asked for."""
+    precision = program.precision
+    with attention_choice(program.step.attention):
+        if precision.compute != precision.params:
+            with torch.autocast(device_type=device_type, dtype=torch_dtype(precision.compute)):
+                yield
+        else:
             yield
-    else:
-        yield
 
 
 @contextlib.contextmanager
@@ -165,7 +181,7 @@ def per_item(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 def eval_parts(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.Tensor], program: Program,
                device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The loss of one batch in eval mode, no gradient (``xb.Eval``), as :func:`loss_parts`."""
-    with eval_mode(model), torch.no_grad(), compute_context(program.precision, device_type):
+    with eval_mode(model), torch.no_grad(), compute_context(program, device_type):
         return loss_parts(loss_fn(model, batch), program)
 
 
@@ -229,7 +245,7 @@ class TrainStep:
         total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
         items: torch.Tensor | None = None
         for micro in split_micro(batch, accum):
-            with compute_context(program.precision, self.device_type):
+            with compute_context(program, self.device_type):
                 with self.random_factories():
                     value, count = loss_parts(self.loss_fn(model, micro), program)
             if count is None:

@@ -194,6 +194,9 @@ class DistributedExecutable(Executable):
     def layout(self) -> dict[str, dict[str, Any]]:
         return self._call("layout")[0]
 
+    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        return self._call("attention_kernels", batch)[0]
+
     def recompiles(self) -> int:
         return self._call("recompiles")[0]
 

@@ -22,7 +22,7 @@ from xbridge import hints
 from xbridge.backend import CompileCache, Executable, Target, on_host
 from xbridge.cache import cache_dir
 from xbridge.data.contract import checked_batch
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
@@ -79,6 +79,8 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
     return array
 
 
+TORCHAX_ATTENTION = "math (torchax reference, XLA)"   # torchax 0.0.13's only lowering of attention
+
 class JaxExecutable(Executable):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
@@ -103,6 +105,10 @@ class JaxExecutable(Executable):
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         program = self.program
+        if program.step.attention not in ("auto", "math"):
+            raise ConfigError(f"StepOptions attention={program.step.attention!r} is not available on jax: torchax "
+                              "0.0.13 lowers scaled_dot_product_attention to its math reference only (XLA fuses it "
+                              "as it can); use attention='auto' or 'math'")
         model = build_model(program, weights, torch.device("cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
         ops.register()
@@ -427,6 +433,13 @@ class JaxExecutable(Executable):
         with matmul_precision(self.program.precision.compute):
             jaxpr = jax.make_jaxpr(self.lowered)(self.state["params"], self.state["buffers"], self.put(batch))
         return count_products(jaxpr.jaxpr)
+
+    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """torchax lowers every ``scaled_dot_product_attention`` to its reference (matmuls, a softmax: XLA fuses
+        them as it can); the calls are counted on the meta device."""
+        from .._torch.attention import meta_calls
+
+        return meta_calls(self.program, TORCHAX_ATTENTION)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}

@@ -182,6 +182,12 @@ class XlaExecutable(TorchTrainState):
         return xs.mark_sharding_with_gradients(x, self.mesh, self._spec(spec, x.dim()))
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
+        if self.program.step.attention not in ("auto", "math"):
+            raise ConfigError(f"StepOptions attention={self.program.step.attention!r} is not available on "
+                              f"{self.target}: torch_xla 2.9 runs scaled_dot_product_attention as XLA operations "
+                              "(torch's math form); its Pallas flash kernel is a separate TPU-only call "
+                              "(torch_xla.experimental.custom_kernel.flash_attention) that xbridge does not route "
+                              "attention to; use attention='auto' or 'math'")
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
         shared_remat.apply(self.model, self.program, layer_checkpoint)
@@ -275,6 +281,13 @@ class XlaExecutable(TorchTrainState):
 
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return count_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
+
+    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """Probed on lazy tensors as they are traced; the graph is dropped, never executed."""
+        from .._torch.attention import probe
+
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math="math (XLA)")
 
     def layout(self) -> dict[str, dict[str, Any]]:
         out = {}

@@ -166,6 +166,11 @@ class Executable(ABC):
         compute in, under the step's precision (backends/_torch/matmul_census.py); None: not known."""
         return None
 
+    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
+        """The training forward's ``scaled_dot_product_attention`` calls counted by the kernel that carried them out
+        (backends/_torch/attention.py); ``{}`` when the model calls none; None: not known."""
+        return None
+
     def layout(self) -> dict[str, dict[str, Any]]:
         """Per trained parameter, as the runtime reports it: ``{"spec": str, "shard_shapes": [[...], ...]}``."""
         return {}

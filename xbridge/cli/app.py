@@ -50,12 +50,15 @@ PROFILE = typer.Option(None, "--profile", help="Trace steps A..B-1 with the stac
 REMAT = typer.Option(None, "--remat", help="Activation checkpointing of the model's layers: none, full (each layer "
                      "recomputed in the backward pass) or dots (matmul outputs kept). Default: the program's "
                      "StepOptions(remat=...).")
+ATTENTION = typer.Option(None, "--attention", help="The kernel every scaled_dot_product_attention call must use: "
+                         "auto, math, flash, efficient or cudnn; one the target cannot run is refused. Default: the "
+                         "program's StepOptions(attention=...), auto.")
 REFERENCE_OPTION = typer.Option("eager-cpu", "--reference", help="The eager target the others are checked against "
                                                                  "(eager-cuda on a GPU machine).")
 
 
 def _load(program_path: str, precision: str | None = None, seed: int | None = None, mesh: str | None = None,
-          rng: str | None = None, remat: str | None = None) -> Any:
+          rng: str | None = None, remat: str | None = None, attention: str | None = None) -> Any:
     from ..ir.mesh import parse_mesh
     from ..program_file import load_program
 
@@ -79,6 +82,12 @@ def _load(program_path: str, precision: str | None = None, seed: int | None = No
         if remat not in REMAT_MODES:
             raise ConfigError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
         changes["step"] = dataclasses.replace(changes.get("step", program.step), remat=remat)
+    if attention is not None:
+        from ..ir.program import ATTENTION_KERNELS
+
+        if attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"--attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
+        changes["step"] = dataclasses.replace(changes.get("step", program.step), attention=attention)
     return program.replace(**changes) if changes else program
 
 
@@ -155,7 +164,8 @@ def _over_targets(command: str, program_path: str, out: Path, format: Format, **
 
     job = importlib.import_module(f"xbridge.{command}.job")
     options = getattr(job, f"{command.capitalize()}Options")(targets=_target_list(fields.pop("backends")), **fields)
-    prog = _load(program_path, options.precision, mesh=options.mesh, rng=options.rng, remat=options.remat)
+    prog = _load(program_path, options.precision, mesh=options.mesh, rng=options.rng, remat=options.remat,
+                 attention=options.attention)
     check_writable(out, "--out")
     with target_progress(enabled=format is Format.human, label=f"{command} {prog.name}") as tick:
         record = getattr(job, command)(program_path, prog, options, out, progress=tick)
@@ -190,6 +200,7 @@ def run(
                                                     "fp16-mixed or params=...,compute=...,output=..."),
     rng: str | None = RNG,
     remat: str | None = REMAT,
+    attention: str | None = ATTENTION,
     devices: int = typer.Option(1, help="Devices the mesh spans."),
     mesh: str | None = MESH,
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
@@ -238,7 +249,7 @@ def run(
                          allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes,
                          tensorboard=tensorboard, profile=profile,
                          profile_dir=out / "profile" if out is not None and profile is not None else None)
-    prog = _load(program, precision, seed, mesh, rng, remat)
+    prog = _load(program, precision, seed, mesh, rng, remat, attention)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         check_writable(out, "--out")
@@ -279,6 +290,7 @@ def compare(
     precision: str | None = typer.Option(None, help="Override the program's precision."),
     rng: str | None = RNG,
     remat: str | None = REMAT,
+    attention: str | None = ATTENTION,
     mesh: str | None = MESH,
     timeout: float = TIMEOUT,
     reference: str = REFERENCE_OPTION,
@@ -301,7 +313,7 @@ def compare(
         ProfileSpec.parse(profile, steps)
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                   precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
-                  remat=remat, tensorboard=tensorboard, profile=profile)
+                  remat=remat, attention=attention, tensorboard=tensorboard, profile=profile)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
@@ -318,6 +330,7 @@ def parity(
                                                     "fp32 deviation is reported as well)."),
     rng: str | None = RNG,
     remat: str | None = REMAT,
+    attention: str | None = ATTENTION,
     mesh: str | None = MESH,
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
                                                         "deviates (hooks on every module, first batch)."),
@@ -332,7 +345,7 @@ def parity(
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
     _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
                   precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs,
-                  reference=reference, rng=rng, remat=remat)
+                  reference=reference, rng=rng, remat=remat, attention=attention)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")

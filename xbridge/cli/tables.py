@@ -45,6 +45,8 @@ def print_run(result: RunRecord) -> None:
         ("loss first -> final", f"{s.first_loss:.4f} -> {s.final_loss:.4f}"),
         ("recompiles after warm-up", str(s.recompiles_after_warmup)),
     ]
+    if s.attention:
+        rows.append(("attention kernel", ", ".join(f"{kernel} x{calls}" for kernel, calls in s.attention.items())))
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
         ppl = f" (perplexity {last.perplexity:.2f})" if last.perplexity is not None else ""
@@ -109,7 +111,7 @@ def print_compare(record: dict[str, Any]) -> None:
                         f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
                         f"config {record['config_hash']}")
     columns: tuple[str, ...] = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s",
-                                "TFLOP/s", "MFU", "peak RSS", "recompiles", "final loss", "max loss dev")
+                                "TFLOP/s", "MFU", "peak RSS", "recompiles", "attention", "final loss", "max loss dev")
     evaluates = any(row.get("metrics", {}).get("eval_loss") is not None for row in record["targets"])
     if evaluates:
         columns = (*columns, "eval loss")
@@ -129,7 +131,7 @@ def print_compare(record: dict[str, Any]) -> None:
                       f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
                       f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
                       f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
-                      f"{m['final_loss']:.4f}", dev_text,
+                      escape(m.get("attention") or "unknown"), f"{m['final_loss']:.4f}", dev_text,
                       *([f"{m['eval_loss']:.4f}" if m.get("eval_loss") is not None else "-"] if evaluates else []))
     console.print(table)
     peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}

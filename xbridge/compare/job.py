@@ -31,6 +31,7 @@ class CompareOptions:
     reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
     rng: str | None = None       # --rng: native or portable (None: the program's own)
     remat: str | None = None     # --remat: none, full or dots (None: the program's own)
+    attention: str | None = None  # --attention: the attention kernel forced (None: the program's own)
     tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
     profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
 
@@ -43,7 +44,7 @@ class CompareOptions:
 
     def child(self) -> ChildOptions:
         return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
-                            rng=self.rng, remat=self.remat, tensorboard=self.tensorboard,
+                            rng=self.rng, remat=self.remat, attention=self.attention, tensorboard=self.tensorboard,
                             extra=["--profile", self.profile] if self.profile else [])
 
 
@@ -71,6 +72,14 @@ class TargetMetrics:
     loss_parity: bool | None = None
     final_loss_dev: float | None = None
     eval_loss: float | None = None         # the last xb.Eval loss, when the program evaluates
+    attention: str | None = None           # the attention kernel(s) that ran, e.g. "flash (CPU) x4"; "-" for none
+
+
+def attention_text(kernels: dict[str, int] | None) -> str | None:
+    """``{"flash (CPU)": 4}`` -> ``"flash (CPU) x4"``; no attention call -> ``"-"``; not known -> None."""
+    if kernels is None:
+        return None
+    return ", ".join(f"{kernel} x{calls}" for kernel, calls in kernels.items()) or "-"
 
 
 def _peak_for(run: TargetRun, dtype: str, cpu_peaks: dict[str, Peak]) -> tuple[Peak, int]:
@@ -110,7 +119,7 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int,
             peak_host_rss_mib=result.peak_host_rss_bytes / 2 ** 20,
             device_peak_mib=result.device_peak_bytes / 2 ** 20 if result.device_peak_bytes else None,
             recompiles=s.recompiles_after_warmup, final_loss=s.final_loss,
-            eval_loss=result.final_eval.loss if result.final_eval else None)
+            eval_loss=result.final_eval.loss if result.final_eval else None, attention=attention_text(s.attention))
         if ref is not None:
             losses, ref_losses = result.losses, ref.losses
             dev = policy.loss_deviation(ref_losses, losses, tol)

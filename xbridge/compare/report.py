@@ -37,14 +37,14 @@ def render(record: dict[str, Any]) -> str:
     if provenance.get("command"):
         lines.append(f"- command: `{' '.join(provenance['command'])}`")
     lines += ["", "| target | status | compile s (cache) | step ms median (p10-p90) | tokens/s | TFLOP/s | MFU | "
-                  "host RSS MiB | device peak MiB | recompiles | max loss dev (step) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "host RSS MiB | device peak MiB | recompiles | attention | max loss dev (step) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     peaks: dict[str, str] = {}
     failures = []
     for row in record["targets"]:
         m = row.get("metrics")
         if m is None:
-            lines.append(f"| {row['target']} | {row['status']} | - | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {row['target']} | {row['status']} | - | - | - | - | - | - | - | - | - | - |")
             failures.append((row["target"], (row.get("error") or "").splitlines()[0] if row.get("error") else ""))
             continue
         peaks[row["target"]] = f"{m['peak_tflops']:.3g} TFLOP/s: {m['peak_source']}"
@@ -54,7 +54,8 @@ def render(record: dict[str, Any]) -> str:
             f"{_num(m['step_ms_median'], '.2f')} ({_num(m['step_ms_p10'], '.2f')}-{_num(m['step_ms_p90'], '.2f')}) | "
             f"{_num(m['tokens_per_s'], ',.0f')} | {_num(m['achieved_tflops'], '.3g')} | "
             f"{_num(100 * m['mfu'], '.1f', '%')} | {_num(m['peak_host_rss_mib'], '.0f')} | "
-            f"{_num(m['device_peak_mib'], '.0f')} | {_num(m['recompiles'], 'd')} | {dev} |")
+            f"{_num(m['device_peak_mib'], '.0f')} | {_num(m['recompiles'], 'd')} | {m.get('attention') or 'unknown'} | "
+            f"{dev} |")
     lines += ["", "MFU = achieved FLOP/s (FLOPs per step / median step time) over the peak of the devices used:"]
     lines += [f"- {target}: {source}" for target, source in peaks.items()]
     profiled = [(row["target"], row["result"]["profile"]) for row in record["targets"]

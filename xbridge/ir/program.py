@@ -17,6 +17,7 @@ from .sharding import Sharding
 
 RNG_MODES = ("native", "portable")   # StepOptions.rng
 REMAT_MODES = ("none", "full", "dots")   # StepOptions.remat
+ATTENTION_KERNELS = ("auto", "math", "flash", "efficient", "cudnn")   # StepOptions.attention
 
 
 @serialize.register
@@ -31,13 +32,17 @@ class StepOptions:
     ``remat``: activation checkpointing of the model's layers (docs/depth-and-memory.md): ``none``; ``full``, each
     layer keeps only its inputs and is recomputed in the backward pass; ``dots``, each layer keeps its matmul outputs
     and recomputes the rest. ``layers``: the dotted path of the ``nn.ModuleList`` that holds the layers (e.g.
-    ``"blocks"``, ``"model.layers"``); None finds the longest ``ModuleList`` of modules of one class."""
+    ``"blocks"``, ``"model.layers"``); None finds the longest ``ModuleList`` of modules of one class.
+    ``attention``: the kernel every ``scaled_dot_product_attention`` call must use: ``auto`` (the stack's own
+    choice), ``math``, ``flash``, ``efficient`` (memory-efficient) or ``cudnn``; a kernel the target cannot run is
+    refused before the first step, never replaced silently (docs/depth-and-memory.md)."""
 
     grad_accum: int = 1
     clip_grad_norm: float | None = None
     rng: str = "native"
     remat: str = "none"
     layers: str | None = None
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -49,6 +54,9 @@ class StepOptions:
             raise ConfigError(f"StepOptions rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
         if self.remat not in REMAT_MODES:
             raise ConfigError(f"StepOptions remat must be one of {', '.join(REMAT_MODES)}, got {self.remat!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"StepOptions attention must be one of {', '.join(ATTENTION_KERNELS)}, got "
+                              f"{self.attention!r}")
         if self.layers is not None and not (isinstance(self.layers, str) and all(
                 part.isidentifier() or part.isdigit() for part in self.layers.split("."))):
             raise ConfigError(f"StepOptions layers must be a dotted module path such as 'model.layers' or None, "

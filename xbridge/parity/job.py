@@ -47,6 +47,7 @@ class ParityOptions:
     reference: str = REFERENCE   # the eager target every other is checked against (eager-cuda on a GPU machine)
     rng: str | None = None       # --rng: native or portable (None: the program's own)
     remat: str | None = None     # --remat: none, full or dots (None: the program's own)
+    attention: str | None = None  # --attention: the attention kernel forced (None: the program's own)
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -89,7 +90,7 @@ def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weigh
         extra += ["--matmul-dtypes"]
     child = ChildOptions(steps=options.steps, warmup=min(2, options.steps - 1), devices=options.devices,
                          precision=precision, mesh=options.mesh, timeout_s=options.timeout_s, extra=extra,
-                         rng=options.rng, remat=options.remat)
+                         rng=options.rng, remat=options.remat, attention=options.attention)
     outcome = TargetOutcome(run_target(program_ref, target, child, out / "runs" / tag))
     if outcome.run.status == "ok":
         outcome.state = read_npz(state, "--save-state")

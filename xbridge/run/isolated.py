@@ -37,6 +37,7 @@ class ChildOptions:
     extra: list[str] = field(default_factory=list)      # more ``run`` arguments
     rng: str | None = None
     remat: str | None = None
+    attention: str | None = None
     tensorboard: Path | None = None      # each target's scalars under TENSORBOARD/<target> (one TensorBoard run each)
 
 
@@ -127,6 +128,8 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
         cmd += ["--rng", options.rng]
     if options.remat:
         cmd += ["--remat", options.remat]
+    if options.attention:
+        cmd += ["--attention", options.attention]
     if options.tensorboard is not None:
         cmd += ["--tensorboard", str(options.tensorboard / target)]
     return cmd + options.extra

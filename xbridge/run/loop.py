@@ -154,7 +154,26 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     else:
         check_weights(program, weights)
     executable.init(weights)
+    if program.step.attention != "auto":
+        check_attention(program, target, executable)
     return Prepared(target, backend, plan, executable, backend_options)
+
+
+def check_attention(program: Program, target: Target, executable: Executable) -> None:
+    """A forced attention kernel runs on the first batch before the first step, or the run stops with one line."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:      # torch says why a kernel was not used, as warnings
+        warnings.simplefilter("always")
+        try:
+            executable.attention_kernels(checked_batch(program.data, 0, program.seed))
+        except RuntimeError as exc:
+            if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
+                raise
+            reasons = dict.fromkeys(str(w.message).split(" (Triggered internally")[0].strip() for w in caught)
+            said = f": {' '.join(reasons)}" if reasons else ""
+            raise ConfigError(f"StepOptions attention={program.step.attention!r} cannot run on {target} for the "
+                              f"attention calls of program {program.name!r}{said}; use attention='auto'") from None
 
 
 @contextlib.contextmanager
@@ -327,6 +346,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         summary.recompile_reasons = executable.recompile_reasons()
     if options.matmul_dtypes:
         summary.matmul_dtypes = executable.matmul_dtypes(checked_batch(program.data, start, program.seed))
+    summary.attention = executable.attention_kernels(checked_batch(program.data, start, program.seed))
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
     if options.state_out is not None:
         write_npz(options.state_out, executable.state_dict())

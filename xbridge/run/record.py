@@ -58,10 +58,11 @@ class RunSummary:
     recompiles_after_warmup: int | None = None    # None when nothing ran after warm-up
     recompile_reasons: list[str] | None = None    # only when there were recompiles and the backend knows why
     matmul_dtypes: dict[str, int] | None = None   # --matmul-dtypes: the forward's matrix products by dtype
+    attention: dict[str, int] | None = None       # the forward's attention calls by kernel ({}: none; None: unknown)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for optional in ("recompile_reasons", "matmul_dtypes"):
+        for optional in ("recompile_reasons", "matmul_dtypes", "attention"):
             if data[optional] is None:
                 del data[optional]
         return data
