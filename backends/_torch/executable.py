@@ -13,6 +13,7 @@ import torch
 
 from xbridge import hints
 from xbridge.backend import on_host
+from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
@@ -42,6 +43,9 @@ class TorchExecutable(TorchTrainState):
         return TrainStep(self.program, model, self.device)
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
+        if self.program.step.scan_layers and self.compiler() is not None:
+            raise ConfigError("StepOptions scan_layers is not available on inductor yet (jax scans the layers; eager "
+                              "runs its loop); use scan_layers=False here")
         model = build_model(self.program, weights, self.device)
         remat.apply(model, self.program, remat.torch_checkpoint(self.program.step.remat))
         self.model = self.prepare_model(model)

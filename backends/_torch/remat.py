@@ -25,7 +25,7 @@ from xbridge.ir.program import Program
 
 from . import portable_rng
 
-__all__ = ["Checkpoint", "apply", "find_layers", "torch_checkpoint"]
+__all__ = ["Checkpoint", "apply", "find_layers", "refuse_running_statistics", "torch_checkpoint"]
 
 # (fn, tensors) -> fn(*tensors), with fn's intermediate values recomputed in the backward pass
 Checkpoint = Callable[[Callable[..., Any], Sequence[torch.Tensor]], Any]
@@ -55,14 +55,14 @@ def find_layers(model: torch.nn.Module, path: str | None) -> tuple[str, torch.nn
     return max(found, key=lambda item: len(item[1]))
 
 
-def _refuse_running_statistics(path: str, layers: torch.nn.ModuleList) -> None:
+def refuse_running_statistics(path: str, layers: torch.nn.ModuleList) -> None:
     """A layer recomputed in the backward pass runs its forward twice: BatchNorm would update its running statistics
-    twice. Refused rather than silently wrong."""
+    twice; a scanned layer's updates would be lost. Refused rather than silently wrong."""
     for name, module in layers.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
-            raise ConfigError(f"StepOptions remat: {path}.{name} is a {type(module).__name__} that updates its running "
-                              "statistics in the forward pass, and a recomputed layer would update them twice; use "
-                              "remat='none' or name other layers with StepOptions(layers=...)")
+            raise ConfigError(f"StepOptions remat/scan_layers: {path}.{name} is a {type(module).__name__} that updates "
+                              "its running statistics in the forward pass, which a recomputed or scanned layer would "
+                              "get wrong; turn them off or name other layers with StepOptions(layers=...)")
 
 
 def apply(model: torch.nn.Module, program: Program, checkpoint: Checkpoint) -> str | None:
@@ -70,7 +70,7 @@ def apply(model: torch.nn.Module, program: Program, checkpoint: Checkpoint) -> s
     if program.step.remat == "none":
         return None
     path, layers = find_layers(model, program.step.layers)
-    _refuse_running_statistics(path, layers)
+    refuse_running_statistics(path, layers)
     for layer in layers:
         layer.forward = _recomputed(layer.forward, checkpoint)
     return path

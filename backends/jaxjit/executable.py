@@ -30,7 +30,7 @@ from xbridge.run.profile import STEP_MARK
 
 from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
-from . import ops, optimizers, remat
+from . import ops, optimizers, remat, scan
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
@@ -111,6 +111,7 @@ class JaxExecutable(Executable):
                               "as it can); use attention='auto' or 'math'")
         model = build_model(program, weights, torch.device("cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
+        scan.apply(model, program)          # after remat: each scanned layer runs as remat wrapped it
         ops.register()
         self.lowered = LoweredLoss(program, model)
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"

@@ -182,6 +182,9 @@ class XlaExecutable(TorchTrainState):
         return xs.mark_sharding_with_gradients(x, self.mesh, self._spec(spec, x.dim()))
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
+        if self.program.step.scan_layers:
+            raise ConfigError(f"StepOptions scan_layers is not available on {self.target} yet (jax scans the layers; "
+                              "eager runs its loop); use scan_layers=False here")
         if self.program.step.attention not in ("auto", "math"):
             raise ConfigError(f"StepOptions attention={self.program.step.attention!r} is not available on "
                               f"{self.target}: torch_xla 2.9 runs scaled_dot_product_attention as XLA operations "

@@ -35,7 +35,9 @@ class StepOptions:
     ``"blocks"``, ``"model.layers"``); None finds the longest ``ModuleList`` of modules of one class.
     ``attention``: the kernel every ``scaled_dot_product_attention`` call must use: ``auto`` (the stack's own
     choice), ``math``, ``flash``, ``efficient`` (memory-efficient) or ``cudnn``; a kernel the target cannot run is
-    refused before the first step, never replaced silently (docs/depth-and-memory.md)."""
+    refused before the first step, never replaced silently (docs/depth-and-memory.md). ``scan_layers``: the
+    layers (``layers``) traced once and iterated (jax: ``jax.lax.scan`` over their stacked parameters; eager runs
+    the loop; inductor and xla refuse it for now), so compile time does not grow with depth."""
 
     grad_accum: int = 1
     clip_grad_norm: float | None = None
@@ -43,6 +45,7 @@ class StepOptions:
     remat: str = "none"
     layers: str | None = None
     attention: str = "auto"
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -54,6 +57,8 @@ class StepOptions:
             raise ConfigError(f"StepOptions rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
         if self.remat not in REMAT_MODES:
             raise ConfigError(f"StepOptions remat must be one of {', '.join(REMAT_MODES)}, got {self.remat!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ConfigError(f"StepOptions scan_layers must be True or False, got {self.scan_layers!r}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"StepOptions attention must be one of {', '.join(ATTENTION_KERNELS)}, got "
                               f"{self.attention!r}")
