@@ -90,8 +90,8 @@ def test_remat_on_xla_changes_no_result(tmp_path):
 
 @pytest.mark.slow
 def test_parity_with_remat_at_two_devices(tmp_path):
-    """inductor's two ranks (FSDP2 around the recomputed layers), jax GSPMD and torch_xla SPMD over two devices."""
-    proc = run_cli("parity", LAYERED, "--backends", "inductor-cpu,jax-cpu,xla-cpu", "--devices", "2", "--steps", "4",
+    """inductor's two ranks (FSDP2 around the recomputed layers) and jax GSPMD over two devices (xla: above)."""
+    proc = run_cli("parity", LAYERED, "--backends", "inductor-cpu,jax-cpu", "--devices", "2", "--steps", "4",
                    "--jobs", "2", "--format", "json", "--out", str(tmp_path))
     record = json.loads(proc.stdout)
     assert proc.returncode == 0 and record["passed"], [(r["target"], r.get("cause")) for r in record["targets"]]
@@ -101,37 +101,13 @@ def test_parity_with_remat_at_two_devices(tmp_path):
 _LAYERED_WITH = ("import dataclasses, runpy\n"
                  f"program = runpy.run_path({LAYERED!r})['program']\n"
                  "program = program.replace(step=dataclasses.replace(program.step, {}))\n")
-_BATCHNORM_LAYERS = f"""import runpy
-from torch import nn
-import xbridge as xb
-mlp = runpy.run_path({str(PROGRAMS / "mlp.py")!r})
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)) for _ in range(2))
-        self.out = nn.Linear(64, 10)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x).relu()
-        return self.out(x)
-
-
-program = mlp["program"].replace(model=Net, step=xb.StepOptions(remat="full"), sharding=xb.Sharding())
-"""
-
-
 @pytest.mark.parametrize("source, target, fragment", [
     (_LAYERED_WITH.format("remat='dots'"), "xla-cpu", "StepOptions remat='dots' is not available on xla-cpu"),
     (_LAYERED_WITH.format("layers='blocks.0'"), "eager-cpu",
      "StepOptions layers='blocks.0' is a Block, not a non-empty nn.ModuleList"),
     (_LAYERED_WITH.format("layers='tower'"), "jax-cpu",
      "StepOptions layers='tower': the model (GPT) has no submodule 'tower'"),
-    (_BATCHNORM_LAYERS, "inductor-cpu", "StepOptions remat: layers.0.1 is a BatchNorm1d that updates its running "
-                                        "statistics in the forward pass"),
-], ids=["dots-on-xla", "not-a-list", "no-such-layers", "batchnorm"])
+], ids=["dots-on-xla", "not-a-list", "no-such-layers"])
 def test_a_remat_that_cannot_run_is_refused_before_compute(tmp_path, source, target, fragment):
     program_file = tmp_path / "prog.py"
     program_file.write_text(source)

@@ -27,7 +27,7 @@ import torch
 import torchax
 from torchax import interop
 
-from xbridge.errors import ConfigError, LoweringError
+from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 
 from .._torch.remat import find_layers, refuse_running_statistics
@@ -73,7 +73,7 @@ class _Scan:
     def _passthrough(self, index: int) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.next != index or not args or args[0] is not self.expected:
-                raise LoweringError(f"StepOptions scan_layers: {self.path}.{index} was not called on the output of "
+                raise ConfigError(f"StepOptions scan_layers: {self.path}.{index} was not called on the output of "
                                     f"{self.path}.{index - 1}; a scan over layers needs the model to call its layers "
                                     "in order, each on the previous one's output, with nothing in between")
             self.next = (index + 1) % len(self.layers)
@@ -85,7 +85,7 @@ class _Scan:
         if self.inside:                      # the scan body calling the first layer's module
             return self.layer_forward(*args, **kwargs)
         if not args or not isinstance(args[0], torch.Tensor):
-            raise LoweringError(f"StepOptions scan_layers: {self.path}.0 takes no tensor as its first positional "
+            raise ConfigError(f"StepOptions scan_layers: {self.path}.0 takes no tensor as its first positional "
                                 "argument, which a scan carries from layer to layer")
         env = torchax.default_env()
         first = self.layers[0]
@@ -106,7 +106,7 @@ class _Scan:
             finally:
                 self.inside = False
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(args[0].shape):
-                raise LoweringError(f"StepOptions scan_layers: {self.path}.0 must return one tensor shaped like its "
+                raise ConfigError(f"StepOptions scan_layers: {self.path}.0 must return one tensor shaped like its "
                                     f"first argument, which the scan carries to the next layer; it returned "
                                     f"{type(out).__name__}")
             return (interop.jax_view(out).astype(hidden.dtype), env.param.prng), None
