@@ -39,11 +39,11 @@ def parity(tmp_path, program, *args):
 # (tests/test_model_zoo.py: Llama, Qwen3-MoE and T5 on every backend, fp32 and bf16-mixed, the Llama in bf16-true) and to
 # test_jax_backend.py / test_xla_backend.py.
 GROUPS = [(",".join(SHARDED_CPU_TARGETS), 1), ("jax-cpu,xla-cpu", 4), ("inductor-cpu", 2)]
-# (The GPT on inductor's 2 processes runs in bf16-mixed only: its fp32 tensor-parallel path is the MLP's here and
-# test_inductor_backend.py's.)
+# (Suite time: the GPT on inductor's 2 processes is left to the MLP here, test_inductor_backend.py and the HF GPT-2
+# below at 2 processes; its bf16-mixed case passed in the full run of 2026-11-30, 83 s.)
 CASES = [(name, steps, precision, targets, devices) for name, steps in (("mlp", 20), ("gpt", 3))
          for precision in ("fp32", "bf16-mixed") for targets, devices in GROUPS
-         if (name, devices) != ("gpt", 1) and (name, precision, devices) != ("gpt", "fp32", 2)]
+         if (name, devices) not in (("gpt", 1), ("gpt", 2))]
 
 
 @pytest.mark.parametrize("name,steps,precision,targets,devices", CASES)

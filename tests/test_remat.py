@@ -91,7 +91,7 @@ def test_remat_on_xla_changes_no_result(tmp_path):
 @pytest.mark.slow
 def test_parity_with_remat_at_two_devices(tmp_path):
     """inductor's two ranks (FSDP2 around the recomputed layers) and jax GSPMD over two devices (xla: above)."""
-    proc = run_cli("parity", LAYERED, "--backends", "inductor-cpu,jax-cpu", "--devices", "2", "--steps", "4",
+    proc = run_cli("parity", LAYERED, "--backends", "inductor-cpu,jax-cpu", "--devices", "2", "--steps", "3",
                    "--jobs", "2", "--format", "json", "--out", str(tmp_path))
     record = json.loads(proc.stdout)
     assert proc.returncode == 0 and record["passed"], [(r["target"], r.get("cause")) for r in record["targets"]]

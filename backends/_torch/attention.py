@@ -27,7 +27,7 @@ from xbridge.ir.program import Program
 
 from .train import compute_context
 
-__all__ = ["KERNELS", "MATH", "PORTABLE", "meta_calls", "probe"]
+__all__ = ["KERNELS", "MATH", "PORTABLE", "AttentionCalls", "meta_calls", "probe"]
 
 # torch's fused attention operators -> the kernel's name in the run record
 KERNELS = {
@@ -50,6 +50,19 @@ class _Operators(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name in KERNELS:
             self.fused.append(KERNELS[name])
+        return func(*args, **(kwargs or {}))
+
+
+class AttentionCalls(TorchFunctionMode):
+    """Counts ``scaled_dot_product_attention`` calls (the meta-device check before compute)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is F.scaled_dot_product_attention:
+            self.count += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -98,6 +111,11 @@ def probe(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Ten
             for name, value in model.named_buffers():
                 value.copy_(buffers[name])
         model.train(was_training)
+        if sharded:     # FSDP2 keeps the root's parameters gathered after a forward (for the backward it expects)
+            for module in model.modules():
+                reshard = getattr(module, "reshard", None) if type(module).__name__.startswith("FSDP") else None
+                if callable(reshard):
+                    reshard()
     return dict(sorted(calls.kernels.items()))
 
 

@@ -34,22 +34,28 @@ def meta_batch(program: Program) -> dict[str, torch.Tensor]:
     return batch
 
 
-def check_loss(program: Program) -> None:
-    """Raise :class:`ProgramError` (or the user's own exception, located by the CLI) when the program cannot train."""
+def check_loss(program: Program) -> int | None:
+    """Raise :class:`ProgramError` (or the user's own exception, located by the CLI) when the program cannot train.
+    Returns how many ``scaled_dot_product_attention`` calls the forward made (None: the meta device could not run
+    it), so that a run of a model without attention skips the attention probe."""
+    from .attention import AttentionCalls
+
     model = meta_model(program)
     if not any(p.requires_grad for p in model.parameters()):
         raise ProgramError(f"the model of program {program.name!r} has no trainable parameter (none with "
                            "requires_grad=True): there is nothing to train")
     model.train()
+    calls = AttentionCalls()
     try:
-        out = program.loss(model, meta_batch(program))
+        with calls:
+            out = program.loss(model, meta_batch(program))
     except _PROGRAM_MISTAKES as exc:
         found = user_frame(exc)
         if found is not None and found[0] == traceback.extract_tb(exc.__traceback__)[-1]:
             raise       # raised by the user's own line (not by a library it called, which may not know meta tensors)
-        return
+        return None
     except Exception:   # what the meta device cannot run (.item(), data-dependent shapes): left to the first step
-        return
+        return None
     check_loss_output(out, program.name)
     value = out.total if isinstance(out, LossSum) else out
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
@@ -58,3 +64,4 @@ def check_loss(program: Program) -> None:
     if not value.requires_grad:
         raise ProgramError(f"the loss of program {program.name!r} does not depend on any trainable parameter (is it "
                            "detached, computed under torch.no_grad(), or from the batch alone?): nothing would train")
+    return calls.count

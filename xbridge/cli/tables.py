@@ -134,6 +134,10 @@ def print_compare(record: dict[str, Any]) -> None:
                       escape(m.get("attention") or "unknown"), f"{m['final_loss']:.4f}", dev_text,
                       *([f"{m['eval_loss']:.4f}" if m.get("eval_loss") is not None else "-"] if evaluates else []))
     console.print(table)
+    for row in record["targets"]:       # in full: a table cell cuts a long error short
+        if row["status"] != "ok":
+            first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""
+            console.print(f"[red]{escape(row['target'])}: {row['status']}[/]: {escape(first)}")
     peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}
     for source in sorted(peaks):
         console.print(f"peak: {escape(source)}")

@@ -121,6 +121,7 @@ class Prepared:
     plan: ShardingPlan
     executable: Executable
     options: dict[str, str]      # the backend's options, defaults filled in
+    attention_calls: int | None = None   # the forward's attention calls on the meta device (None: not known)
 
 
 def check_weights(program: Program, weights: dict[str, np.ndarray]) -> None:
@@ -144,7 +145,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
-    importlib.import_module("xbridge.backends._torch.loss_check").check_loss(program)   # before any compile
+    calls = importlib.import_module("xbridge.backends._torch.loss_check").check_loss(program)   # before any compile
     backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
@@ -156,7 +157,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     executable.init(weights)
     if program.step.attention != "auto":
         check_attention(program, target, executable)
-    return Prepared(target, backend, plan, executable, backend_options)
+    return Prepared(target, backend, plan, executable, backend_options, calls)
 
 
 def check_attention(program: Program, target: Target, executable: Executable) -> None:
@@ -240,6 +241,17 @@ def _one_step(executable: Executable, feed: Feed, step: int, check: BatchCheck) 
     extra = {"data_wait_s": waited, **({"data_bytes": float(read)} if read is not None else {}),
              **{k: float(v) for k, v in metrics.items() if k != "loss"}}
     return StepRecord(step, float(metrics["loss"]), elapsed, extra)
+
+
+def attention_report(program: Program, prepared: Prepared, start: int) -> dict[str, int] | None:
+    """The run record's ``summary.attention``: ``{}`` for a model the meta check saw call no attention, else the
+    backend's probe; None when it cannot tell (a probe that fails does not fail a finished run)."""
+    if prepared.attention_calls == 0:
+        return {}
+    try:
+        return prepared.executable.attention_kernels(checked_batch(program.data, start, program.seed))
+    except Exception:
+        return None
 
 
 def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
@@ -346,7 +358,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         summary.recompile_reasons = executable.recompile_reasons()
     if options.matmul_dtypes:
         summary.matmul_dtypes = executable.matmul_dtypes(checked_batch(program.data, start, program.seed))
-    summary.attention = executable.attention_kernels(checked_batch(program.data, start, program.seed))
+    summary.attention = attention_report(program, prepared, start)
     dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
     if options.state_out is not None:
         write_npz(options.state_out, executable.state_dict())
