@@ -70,24 +70,17 @@ def _load(program_path: str, precision: str | None = None, seed: int | None = No
         changes["precision"] = precision
     if seed is not None:
         changes["seed"] = seed
-    if rng is not None:
-        from ..ir.program import RNG_MODES
+    from ..ir.program import ATTENTION_KERNELS, REMAT_MODES, RNG_MODES
 
-        if rng not in RNG_MODES:
-            raise ConfigError(f"--rng must be one of {', '.join(RNG_MODES)}, got {rng!r}")
-        changes["step"] = dataclasses.replace(program.step, rng=rng)
-    if remat is not None:
-        from ..ir.program import REMAT_MODES
-
-        if remat not in REMAT_MODES:
-            raise ConfigError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
-        changes["step"] = dataclasses.replace(changes.get("step", program.step), remat=remat)
-    if attention is not None:
-        from ..ir.program import ATTENTION_KERNELS
-
-        if attention not in ATTENTION_KERNELS:
-            raise ConfigError(f"--attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
-        changes["step"] = dataclasses.replace(changes.get("step", program.step), attention=attention)
+    step: dict[str, Any] = {}       # the flags that override a StepOptions field, each checked against its choices
+    for name, value, choices in (("rng", rng, RNG_MODES), ("remat", remat, REMAT_MODES),
+                                 ("attention", attention, ATTENTION_KERNELS)):
+        if value is not None:
+            if value not in choices:
+                raise ConfigError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+            step[name] = value
+    if step:
+        changes["step"] = dataclasses.replace(program.step, **step)
     return program.replace(**changes) if changes else program
 
 

@@ -124,12 +124,9 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
         cmd += ["--precision", options.precision]
     if options.mesh:
         cmd += ["--mesh", options.mesh]
-    if options.rng:
-        cmd += ["--rng", options.rng]
-    if options.remat:
-        cmd += ["--remat", options.remat]
-    if options.attention:
-        cmd += ["--attention", options.attention]
+    for flag, value in (("--rng", options.rng), ("--remat", options.remat), ("--attention", options.attention)):
+        if value:
+            cmd += [flag, value]
     if options.tensorboard is not None:
         cmd += ["--tensorboard", str(options.tensorboard / target)]
     return cmd + options.extra
