@@ -53,17 +53,24 @@ class _Operators(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _dropout_p(args: Any, kwargs: dict[str, Any]) -> float:
+    return kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+
+
 class AttentionCalls(TorchFunctionMode):
-    """Counts ``scaled_dot_product_attention`` calls (the meta-device check before compute)."""
+    """Counts ``scaled_dot_product_attention`` calls, and those with dropout (the meta-device runs)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.with_dropout = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             self.count += 1
-        return func(*args, **(kwargs or {}))
+            self.with_dropout += bool(_dropout_p(args, kwargs))
+        return func(*args, **kwargs)
 
 
 class _Calls(TorchFunctionMode):
@@ -79,8 +86,7 @@ class _Calls(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-        if self.portable and dropout:       # the portable generator computes it in plain ops (portable_rng.py)
+        if self.portable and _dropout_p(args, kwargs):   # computed by the portable generator in plain ops
             self.kernels[PORTABLE] += 1
             return func(*args, **kwargs)
         recorder = _Operators()
@@ -119,15 +125,6 @@ def probe(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Ten
     return dict(sorted(calls.kernels.items()))
 
 
-class _Counted(_Calls):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-            self.kernels[PORTABLE if self.portable and dropout else "calls"] += 1
-        return func(*args, **kwargs)
-
-
 def meta_calls(program: Program, kernel: str) -> dict[str, int] | None:
     """For a backend whose kernel is fixed by its lowering (jax: torchax's): the training forward's attention calls
     counted on the meta device (shapes only), each named ``kernel``; None when the model cannot run on meta."""
@@ -138,13 +135,12 @@ def meta_calls(program: Program, kernel: str) -> dict[str, int] | None:
     model = meta_model(program)
     model.train()
     batch = meta_batch(program)
-    counted = _Counted(program.step.rng == "portable")
+    calls = AttentionCalls()
     try:
-        with counted:
+        with calls:
             program.loss(model, batch)
     except Exception:
         return None
-    out = Counter({kernel: counted.kernels["calls"]}) if counted.kernels["calls"] else Counter()
-    if counted.kernels[PORTABLE]:
-        out[PORTABLE] = counted.kernels[PORTABLE]
-    return dict(sorted(out.items()))
+    portable = calls.with_dropout if program.step.rng == "portable" else 0     # drawn by the portable generator
+    out = {kernel: calls.count - portable, PORTABLE: portable}
+    return dict(sorted((name, n) for name, n in out.items() if n))
