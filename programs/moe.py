@@ -1,7 +1,7 @@
 """A small mixture-of-experts decoder on the Python standard library's source (bytes, no download): each block's
 feed-forward is 4 experts, each token routed to its top 2 by a learned router, with the Switch Transformer's
-load-balancing loss. The experts' weights are one tensor per projection with the expert first, so the sharding
-rule `experts` splits them over an `expert` mesh axis (expert parallelism), e.g.
+load-balancing loss taken per sequence. The experts' weights are one tensor per projection with the expert first,
+so the sharding rule `experts` splits them over an `expert` mesh axis (expert parallelism), e.g.
 
     xbridge run programs/moe.py --backend eager-cpu --steps 100
     xbridge run programs/moe.py --backend jax-cpu --devices 4 --mesh data=2,expert=2
@@ -46,9 +46,12 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(tokens).float(), dim=-1)
         top, chosen = probs.topk(self.top_k, dim=-1)
         gates = torch.zeros_like(probs).scatter(1, chosen, top / top.sum(dim=-1, keepdim=True))
-        # Switch Transformer's load balancing: experts x sum_e (share of routed tokens) x (mean router probability)
-        routed = F.one_hot(chosen, self.experts_count).float().sum(dim=1).mean(dim=0) / self.top_k
-        balance = self.experts_count * (routed * probs.mean(dim=0)).sum()
+        # Switch Transformer's load balancing, taken per sequence (DeepSeek-V3's sequence-wise form): experts x
+        # sum_e (share of the sequence's tokens routed to e) x (their mean router probability), averaged over the
+        # sequences. A mean over examples, so a batch split over data-parallel devices gives the same loss; the
+        # batch-wide form (a product of two means over the batch) does not (docs/parity.md)
+        routed = F.one_hot(chosen, self.experts_count).float().sum(dim=1).view(b, t, -1).mean(dim=1) / self.top_k
+        balance = self.experts_count * (routed * probs.view(b, t, -1).mean(dim=1)).sum(dim=-1).mean()
         return self.experts(tokens, gates.to(x.dtype)).reshape(b, t, d), balance
 
 

@@ -58,8 +58,9 @@ def test_a_mean_over_each_micro_batch_is_not():
 def test_the_split_check_tells_a_mean_from_a_loss_sum():
     for name, splits in (("program", True), ("program_mean", False)):
         program = load_program(f"{COUNTED}:{name}")
-        whole, shards = split_losses(program, initial_weights(program), 4)
-        assert (abs(shards - whole) < 1e-6 * whole) is splits, (name, whole, shards)
+        found = split_losses(program, initial_weights(program), 4)
+        assert (abs(found.split - found.whole) < 1e-6 * found.whole) is splits, (name, found)
+        assert (found.worst_gradient()[1] < 1e-5) is splits, (name, found.worst_gradient())
 
 
 @pytest.mark.cli
@@ -103,5 +104,5 @@ def test_a_mean_loss_on_a_backend_that_averages_devices_fails_with_its_cause(tmp
     assert rows["jax-cpu"]["verdict"] == "pass" and "cause" not in rows["jax-cpu"]        # the global batch's loss
     local = rows["jax-cpu:sharding-mode=shard_map"]
     assert local["verdict"] == "FAIL" and local["first_failing_step"] == 0
-    assert local["cause"].startswith("the loss is a mean over a count the data decides: step 0's batch gives ")
+    assert local["cause"].startswith("the loss does not survive a split batch: step 0's batch gives ")
     assert "as the mean of its 4 shards' losses" in local["cause"] and "xb.LossSum(total, count)" in local["cause"]

@@ -123,9 +123,15 @@ def random_cause(draws: list[tuple[str, str]]) -> str:
             f"{modules[0]!r}; rerun with --rng portable, or disable dropout for the check")
 
 
+# A gradient further than this (relative RMS) between the whole batch and its shards is the loss's doing, not fp32
+# rounding: a loss that splits exactly (a mean over rows, an xb.LossSum) measured <= 1e-6 (tests/test_loss_sum.py)
+SPLIT_GRADIENT_LIMIT = 1e-4
+
+
 def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, limit: float) -> str | None:
     """Why a backend that averages per-device losses fails when the loss does not survive a split batch (step 0's
-    batch taken whole and as its shards, eval mode, fp32, in this process), or None when it does."""
+    batch taken whole and as its shards, eval mode, fp32, in this process: the loss values, then the gradients), or
+    None when it does."""
     import importlib
 
     parts = batch_parts(program, devices)
@@ -133,16 +139,20 @@ def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, 
         return None
     split = importlib.import_module("xbridge.backends._torch.loss_split")
     try:
-        whole, shards = split.split_losses(program, weights, parts)
+        found = split.split_losses(program, weights, parts)
     except Exception:  # the check is an explanation: a model it cannot run is left to the verdict alone
         return None
+    whole, shards = found.whole, found.split
     gap = abs(shards - whole) / max(abs(whole), 1e-12)
-    if not gap > limit:
+    name, dev = found.worst_gradient()
+    if not (gap > limit or dev > SPLIT_GRADIENT_LIMIT):
         return None
-    return (f"the loss is a mean over a count the data decides: step 0's batch gives {whole:.6g} whole and "
-            f"{shards:.6g} as the mean of its {parts} shards' losses (eval mode, {gap:.1e} apart), and this target "
-            "averages per-device losses as torch DDP does; return xb.LossSum(total, count) from the loss for one "
-            "global mean on every backend (docs/writing-a-program.md)")
+    return (f"the loss does not survive a split batch: step 0's batch gives {whole:.6g} whole and {shards:.6g} as "
+            f"the mean of its {parts} shards' losses (eval mode, {gap:.1e} apart; the gradient of {name} {dev:.1e} "
+            "apart, relative), and this target averages per-device losses as torch DDP does; for a mean over a "
+            "count the data decides (masked tokens) return xb.LossSum(total, count), and take a term over the whole "
+            "batch (a product of batch means, such as a batch-wide load-balancing loss) per example "
+            "(docs/programs.md)")
 
 
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
