@@ -29,6 +29,14 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a run that got as far as compiling (the stacks' own warnings may precede it)."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
 def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     """The scalars of the TensorBoard event files in ``directory``, by tag: (step, value) in write order. Read with
     the Event protobuf tensorboardX ships, over TFRecord framing (length, its CRC, the record, its CRC)."""

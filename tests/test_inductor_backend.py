@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, error_line, one_error_line, run_cli
 from xbridge.parity import policy as parity
 from xbridge.run import checkpoint
 from xbridge.run.loop import RunOptions, prepare, run, train
@@ -22,14 +22,6 @@ from xbridge.run.loop import RunOptions, prepare, run, train
 pytestmark = pytest.mark.cli
 pytest.importorskip("torch", reason="the inductor backend is not installed (pip install 'xbridge[inductor]')")
 FAULT = str(ROOT / "tests" / "fixtures" / "inductor_fault.py")
-
-
-def error_line(proc):
-    """The one ``error:`` line of a run that got as far as compiling (torch's own warnings may precede it)."""
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 def _adamw_mlp(tmp_path):

@@ -36,6 +36,10 @@ class InductorBackend(TorchDeviceBackend):
             return torch.cuda.device_count()
         return None
 
+    def join_processes(self, device: str, devices: int, processes: int | str) -> tuple[int, int]:
+        raise ConfigError("--processes: inductor starts its own processes, one per device (--devices N), or runs under "
+                          "torchrun (docs/backends/inductor.md); --processes is for jax targets")
+
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Inductor's on-disk caches under the user's cache folder (kept between runs), and its debug trace (FX
         graphs, generated code) under --dump.

@@ -21,21 +21,11 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from xbridge.errors import RunError
+from xbridge.run.processes import describe_exit
 
 from .rpc import rebuild_error, serve
 
 WORKER_MODULE = "xbridge.backends.inductor.worker"
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def last_error(path: Path) -> str:

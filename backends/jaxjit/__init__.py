@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xbridge.backend import Backend, BackendOption, Executable, Target
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, ConfigError, RunError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
@@ -28,6 +28,7 @@ class JaxBackend(Backend):
     devices = ("tpu", "cuda", "cpu")
     requires = ("jax", "optax", "torchax", "torch")
     extra = "jax"
+    multi_process = True
     options = (BackendOption("sharding_mode", ("gspmd", "shard_map"), "gspmd",
                              "gspmd: jit with NamedSharding from the plan; shard_map: explicit collectives"),)
 
@@ -54,6 +55,37 @@ class JaxBackend(Backend):
         import jax
 
         return len(jax.devices(device))
+
+    def join_processes(self, device: str, devices: int, processes: int | str) -> tuple[int, int]:
+        """``jax.distributed.initialize``: the coordinator, the count and this process's index from the environment
+        (an xbridge supervisor sets ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; with
+        ``cluster`` and none of them set, JAX's own detection: Slurm, Open MPI, Cloud TPU, Kubernetes). On CPU the
+        devices talk through gloo. The global mesh then spans every process's devices."""
+        import jax
+
+        from xbridge.run import processes as job
+
+        found = job.environment_job()
+        if found is None and processes != job.CLUSTER:
+            raise ConfigError(f"--processes {processes}: {job.COUNT} and {job.INDEX} are not set in this process's "
+                              "environment (the xbridge command that starts the processes sets them)")
+        if found is not None and processes != job.CLUSTER and found[1] != processes:
+            raise ConfigError(f"--processes {processes}, but {job.COUNT}={found[1]} in the environment")
+        self.configure(device, devices)      # this process's devices, before JAX starts its backends
+        if device == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        kwargs = {} if found is None else {"num_processes": found[1], "process_id": found[0]}
+        try:
+            jax.distributed.initialize(**kwargs)   # type: ignore[arg-type]
+        except ValueError as exc:       # nothing says where the job is
+            raise ConfigError(f"--processes {processes}: no job to join ({str(exc).splitlines()[0]}); JAX looks for "
+                              f"Slurm, Open MPI, Cloud TPU or Kubernetes, or {job.COORDINATOR} with {job.COUNT} and "
+                              f"{job.INDEX} (docs/multi-process.md)") from None
+        except RuntimeError as exc:     # the coordinator cannot be reached: the environment
+            raise RunError(f"jax.distributed.initialize could not join the job at coordinator "
+                           f"{os.environ.get(job.COORDINATOR, '(from the cluster environment)')}: "
+                           f"{str(exc).splitlines()[0]}") from None
+        return jax.process_index(), jax.process_count()
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Ask for ``devices`` virtual CPU devices before JAX initialises its backends (per process); never fewer

@@ -21,12 +21,14 @@ from jax.sharding import PartitionSpec as P
 from xbridge import hints
 from xbridge.backend import CompileCache, Executable, Target, on_host
 from xbridge.cache import cache_dir
-from xbridge.data.contract import checked_batch
-from xbridge.errors import BackendUnavailable, ConfigError
+from xbridge.data import contract
+from xbridge.data.contract import BatchCheck, checked_batch
+from xbridge.errors import BackendUnavailable, ConfigError, LoweringError
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 from xbridge.run.profile import STEP_MARK
+from xbridge.run.rng import rng_rows
 
 from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
@@ -100,6 +102,8 @@ class JaxExecutable(Executable):
         self.scaling = program.precision.loss_scale == "dynamic"
         self.tx = optimizers.direction(program.optimizer)
         self._bad_grads: jax.Array | None = None
+        self.processes = jax.process_count()    # > 1: the mesh spans several processes (--processes)
+        self._local: tuple[BatchCheck, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -320,10 +324,49 @@ class JaxExecutable(Executable):
 
     # ------------------------------------------------------------------ the contract
 
+    def local_rows(self, batch_size: int) -> np.ndarray:
+        """The rows of the global batch this process's devices hold (all of them in one process)."""
+        first = NamedSharding(self.mesh, P(*self.batch_spec[:1]))
+        index = first.addressable_devices_indices_map((batch_size,))
+        rows = np.asarray(sorted({r for sl in index.values() if sl for r in range(batch_size)[sl[0]]}),
+                          dtype=np.int64)
+        if len(rows) and not np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))):
+            raise LoweringError(f"process {jax.process_index()}'s devices hold rows that are not one block of the "
+                                f"batch ({rows.tolist()[:8]}...); put the batch's mesh axis first in the mesh")
+        return rows
+
+    def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], dict[str, np.ndarray]]) -> Any:
+        """Several processes: each reads and checks only the rows its own devices hold (the source's ``rows``
+        when it has one) and hands them to JAX as its part of the global batch."""
+        if self.processes == 1:
+            return super().fetch(source, step, seed, check)
+        if self._local is None:
+            rows = self.local_rows(source.batch_size)
+            self._local = (BatchCheck(source, expected_rows=len(rows), rng_rows=rng_rows(self.program, rows)), rows)
+        local_check, rows = self._local
+        local = local_check(contract.rows(source, step, seed, rows), step)
+        if isinstance(check, BatchCheck):      # the run loop reports what this process read
+            check.bytes_read[step] = local_check.bytes_read.pop(step, 0)
+        return self._global(local, source.batch_size)
+
+    def _global(self, local: dict[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
+        """This process's rows of every key, made into global arrays split as the plan says."""
+        float_dtype = jnp.dtype(self.program.precision.params)
+        out = {}
+        for key, value in local.items():
+            array = to_jax_dtype(value, float_dtype)
+            shape = (batch_size, *array.shape[1:])
+            out[key] = jax.make_array_from_process_local_data(self.batch_sharding, array, shape)
+        return out
+
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """On the devices, split as the plan says (``jax.device_put`` returns at once; the copy is asynchronous).
         On one device, an array already in the dtype JAX computes in and in memory XLA can use as it is (64-byte
         aligned, C order: a torch tensor's, as a collate function returns) crosses by DLPack without a copy."""
+        if self.processes > 1:        # a whole batch (eval, traces): this process's rows of it
+            size = next(iter(batch.values())).shape[0]
+            rows = self.local_rows(size)
+            return self._global({k: v[rows] for k, v in batch.items()}, size)
         float_dtype = jnp.dtype(self.program.precision.params)
         one_device = len(self.batch_sharding.device_set) == 1
         out = {}
@@ -349,7 +392,7 @@ class JaxExecutable(Executable):
                     loss, count, _ = self.lowered(params, buffers, b)
                     return loss if count is None else loss / _nonzero(count)
 
-            self._eval = jax.jit(loss_in_eval_mode)
+            self._eval = jax.jit(loss_in_eval_mode, out_shardings=self.replicated)
         with matmul_precision(self.program.precision.compute):
             return float(self._eval(self.state["params"], self.state["buffers"], self._placed(batch)))
 
@@ -362,9 +405,18 @@ class JaxExecutable(Executable):
         # float() waits for the device
         return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
 
+    def _host(self, tree: Any) -> Any:
+        """Numpy copies of whole arrays: gathered from every process when the mesh spans several (every process
+        calls this at the same point: it is a collective)."""
+        if self.processes == 1:
+            return jax.device_get(tree)
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        params = jax.device_get(self.state["params"])
-        buffers = jax.device_get(self.state["buffers"])
+        params = self._host(self.state["params"])
+        buffers = self._host(self.state["buffers"])
         out = {}
         for name in self.names:
             canonical = self.lowered.canonical.get(name)
@@ -384,7 +436,7 @@ class JaxExecutable(Executable):
         return out
 
     def training_state(self) -> dict[str, np.ndarray]:
-        host = jax.device_get({k: v for k, v in self.state.items() if k != "params" and k != "buffers"})
+        host = self._host({k: v for k, v in self.state.items() if k != "params" and k != "buffers"})
         out = optimizers.export_state(host["opt"], self._eager_names())
         out["loop/updates"] = np.asarray(host["step"], dtype=np.int64)
         if self.scaling:
@@ -394,7 +446,7 @@ class JaxExecutable(Executable):
 
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         """Checkpoint arrays (from any backend) into the optimizer state, placed with the state's shardings."""
-        host = jax.device_get(self.state)
+        host = self._host(self.state)
         host["opt"] = optimizers.import_state(host["opt"], state, self._eager_names())
         host["step"] = np.asarray(state["loop/updates"], dtype=np.int32)
         if self.scaling and "scaler/scale" in state:
@@ -406,7 +458,7 @@ class JaxExecutable(Executable):
         """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
         if self._bad_grads is None:
             return []
-        bad = np.asarray(jax.device_get(self._bad_grads))
+        bad = np.asarray(self._host(self._bad_grads))
         names = self._eager_names()
         flagged = {names[n] for n, count in zip(self.lowered.param_names, bad) if count > 0 and n in names}
         return [n for n in self.names if n in flagged]
@@ -456,11 +508,11 @@ class JaxExecutable(Executable):
         return jax.profiler.StepTraceAnnotation(STEP_MARK, step_num=step)
 
     def device_kind(self) -> str | None:
-        return str(self.mesh.devices.flat[0].device_kind)
+        return str(jax.local_devices(backend=self.target.device)[0].device_kind)
 
     def device_peak_bytes(self) -> int | None:
         """Peak bytes in use on the first device (None where the runtime keeps no statistics, as on CPU)."""
-        stats = self.mesh.devices.flat[0].memory_stats()
+        stats = jax.local_devices(backend=self.target.device)[0].memory_stats()
         return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
     def recompiles(self) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xbridge.backend import Backend, BackendOption, Executable, Target
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
@@ -59,6 +59,11 @@ class XlaBackend(Backend):
 
     def device_count(self, device: str) -> int | None:
         return None  # CPU: virtual devices, any count; TPU: known once the runtime starts (the executable checks)
+
+    def join_processes(self, device: str, devices: int, processes: int | str) -> tuple[int, int]:
+        raise ConfigError("--processes: torch_xla 2.9 runs SPMD over several processes only on a TPU pod (the same "
+                          "command on every host) or on CUDA machines under torchrun (one process per machine), and "
+                          "its CPU runtime is one process; xbridge runs xla in one process (docs/multi-process.md)")
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """PJRT reads these once, when torch_xla's runtime starts: set them first, per process."""

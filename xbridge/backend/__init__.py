@@ -200,6 +200,7 @@ class Backend:
     extra: str = ""             # pip extra that installs the requirements
     options: tuple[BackendOption, ...] = ()   # options it takes (CLI flags such as --sharding-mode)
     sharded: bool = True        # False: runs on one device and ignores the mesh (its plan collapses every axis to 1)
+    multi_process: bool = False  # True: --processes spreads it over several processes (:meth:`join_processes`)
     unsupported: dict[str, str] = {}   # device -> why this backend cannot ever target it
 
     def averages_shard_losses(self, options: dict[str, str]) -> bool:
@@ -247,6 +248,14 @@ class Backend:
     def device_count(self, device: str) -> int | None:
         """How many devices of this kind a run may use here; None for virtual devices (any count)."""
         return 1
+
+    def join_processes(self, device: str, devices: int, processes: int | str) -> tuple[int, int]:
+        """``--processes``: join the job of several processes this process is one of (``processes``: the count an
+        xbridge supervisor started, with the coordinator and this process's index in the environment; or
+        ``"cluster"``: a job a cluster launcher started), ``devices`` of them in this process; return (this
+        process's index, the process count). Called before :meth:`configure`. Default: one process only."""
+        raise ConfigError(f"--processes: the {self.name} backend runs in one process; several processes are for jax "
+                          "targets (docs/multi-process.md)")
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
         """Called before the framework is imported in this process: set per-process environment (virtual CPU

@@ -34,8 +34,14 @@ class Format(StrEnum):
 
 # Options several commands take, declared once.
 PROGRAM = typer.Argument(..., help="Program file (defines `program = xb.Program(...)`), or FILE.py:NAME.")
-TARGET_DEVICES = typer.Option(1, help="Devices for sharded targets (eager always uses 1).")
+TARGET_DEVICES = typer.Option(1, help="Devices for sharded targets (eager always uses 1); with --processes, per "
+                              "process.")
+TARGET_PROCESSES = typer.Option(1, "--processes", help="jax targets run as P processes of --devices each; the other "
+                                "sharded targets run P x --devices in one process (docs/multi-process.md).")
 MESH = typer.Option(None, help="Override the program's mesh, e.g. data=-1,model=2.")
+PROCESSES = typer.Option(None, "--processes", help="jax targets: spread the run over P processes on this machine, "
+                         "--devices each (the mesh spans all of them), or 'cluster': join the job a cluster launcher "
+                         "started (docs/multi-process.md).")
 FORMAT = typer.Option(Format.human, "--format", help="human: tables for a person; json: one JSON document on stdout.")
 TIMEOUT = typer.Option(900.0, help="Seconds before a target's process is stopped and reported as a timeout.")
 RNG = typer.Option(None, "--rng", help="Where the forward's random draws (dropout, torch.rand...) come from: "
@@ -194,8 +200,9 @@ def run(
     rng: str | None = RNG,
     remat: str | None = REMAT,
     attention: str | None = ATTENTION,
-    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    devices: int = typer.Option(1, help="Devices the mesh spans (with --processes: devices per process)."),
     mesh: str | None = MESH,
+    processes: str | None = PROCESSES,
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
     dump: Path | None = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     save_state: Path | None = typer.Option(None, help="Write the final parameters and buffers (eager names) to "
@@ -225,12 +232,20 @@ def run(
 ) -> None:
     """Run a program on one target and report per-step loss and step time. Backend options (e.g. --sharding-mode)
     are listed at the end of this help."""
+    from ..run import processes as job
     from ..run.loop import RunOptions
     from ..run.loop import run as run_program
     from .progress import progress_bar
     from .tables import print_run
 
     backend_options = _backend_options(ctx)
+    spread = job.parse(processes)
+    if spread != 1:
+        from ..backend import registry
+
+        target, chosen = registry.resolve(backend)
+        if not chosen.multi_process:
+            chosen.join_processes(target.device, devices, spread)      # the backend's own refusal, before anything
     if keep is not None and checkpoint_dir is None:
         raise ConfigError("--keep needs --checkpoint-dir DIR (the checkpoints it keeps are written there)")
     if allow_config_change and resume is None:
@@ -241,7 +256,8 @@ def run(
                          checkpoint_every=checkpoint_every, keep=3 if keep is None else keep, resume=resume,
                          allow_config_change=allow_config_change, prefetch=prefetch, matmul_dtypes=matmul_dtypes,
                          tensorboard=tensorboard, profile=profile,
-                         profile_dir=out / "profile" if out is not None and profile is not None else None)
+                         profile_dir=out / "profile" if out is not None and profile is not None else None,
+                         processes=spread)
     prog = _load(program, precision, seed, mesh, rng, remat, attention)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
@@ -253,12 +269,18 @@ def run(
     for path, flag in ((save_state, "--save-state"), (trace_modules, "--trace-modules")):
         if path is not None:
             check_file_writable(path, flag)
+    if job.must_start(spread):       # checked above; now the processes, each running this same command
+        assert isinstance(spread, int)
+        raise typer.Exit(job.start(spread, sys.argv[1:]))
     from ..data.contract import tokens_per_example
 
     tokens = prog.data.batch_size * tokens_per_example(prog.data)
-    with progress_bar(enabled=format is Format.human, total=steps, label=f"{prog.name} on {backend}",
+    lead = (job.environment_job() or (0, 1))[0] == 0       # process 0 shows the progress
+    with progress_bar(enabled=format is Format.human and lead, total=steps, label=f"{prog.name} on {backend}",
                       tokens_per_step=tokens) as tick:
         result = run_program(prog, backend, options, progress=tick, weights=weights)
+    if job.this_process()[0] > 0:        # the report and run.json are process 0's
+        return
     if out is not None:
         result.written = str(out / "run.json")
         write_json(out / "run.json", result.to_json())
@@ -280,6 +302,7 @@ def compare(
     warmup: int | None = typer.Option(None, help="Leading steps excluded from timing (default 3, or steps - 1 when "
                                                  "fewer steps are run)."),
     devices: int = TARGET_DEVICES,
+    processes: int = TARGET_PROCESSES,
     precision: str | None = typer.Option(None, help="Override the program's precision."),
     rng: str | None = RNG,
     remat: str | None = REMAT,
@@ -306,7 +329,7 @@ def compare(
         ProfileSpec.parse(profile, steps)
     _over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                   precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
-                  remat=remat, attention=attention, tensorboard=tensorboard, profile=profile)
+                  remat=remat, attention=attention, tensorboard=tensorboard, profile=profile, processes=processes)
 
 
 @app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
@@ -319,6 +342,7 @@ def parity(
                                                                  "available here."),
     steps: int = typer.Option(20, help="Steps to compare."),
     devices: int = TARGET_DEVICES,
+    processes: int = TARGET_PROCESSES,
     precision: str | None = typer.Option(None, help="Override the precision (the reference runs it too; the "
                                                     "fp32 deviation is reported as well)."),
     rng: str | None = RNG,
@@ -338,7 +362,7 @@ def parity(
     """Check that every target matches the eager reference: same weights, same batches, the tolerance policy."""
     _over_targets("parity", program, out, format, backends=backends, steps=steps, devices=devices,
                   precision=precision, mesh=mesh, bisect=bisect, timeout_s=timeout, jobs=jobs,
-                  reference=reference, rng=rng, remat=remat, attention=attention)
+                  reference=reference, rng=rng, remat=remat, attention=attention, processes=processes)
 
 
 @app.command(epilog="Example: xbridge cache --clear inductor")

@@ -14,6 +14,10 @@ from ..run.record import RunRecord
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
+
+def _over(processes: int) -> str:
+    return f" over {processes} processes" if processes > 1 else ""
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
@@ -30,7 +34,7 @@ def print_run(result: RunRecord) -> None:
     s = result.summary
     rng = ", portable rng" if result.rng == "portable" else ""
     table = Table(title=f"{escape(result.program)} on {result.target} ({result.precision}{rng}, "
-                        f"{result.devices} device(s), config {result.config_hash})")
+                        f"{result.devices} device(s){_over(result.processes)}, config {result.config_hash})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
@@ -148,7 +152,8 @@ def print_compare(record: dict[str, Any]) -> None:
 def print_parity(record: dict[str, Any]) -> None:
     tol = record["tolerance"]
     table = Table(title=f"parity of {escape(record['program'])} ({record['precision']}, {record['steps']} steps, "
-                        f"{record['devices']} device(s)) against {record['reference']['target']}; limits: "
+                        f"{record['devices']} device(s){_over(record.get('processes', 1))}) against "
+                        f"{record['reference']['target']}; limits: "
                         f"loss {tol['loss_rtol']:g}, params {tol['param_rtol']:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
     evals = any("max_eval_loss_dev" in r for r in record["targets"])

@@ -34,8 +34,11 @@ class CompareOptions:
     attention: str | None = None  # --attention: the attention kernel forced (None: the program's own)
     tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
     profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
+    processes: int = 1                # --processes: jax targets as this many processes of ``devices`` each
 
     def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise ConfigError(f"--processes must be >= 1, got {self.processes}")
         if self.steps < 2 or not 0 < self.warmup < self.steps:
             raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and "
                               f"{self.warmup}")
@@ -45,7 +48,7 @@ class CompareOptions:
     def child(self) -> ChildOptions:
         return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
                             rng=self.rng, remat=self.remat, attention=self.attention, tensorboard=self.tensorboard,
-                            extra=["--profile", self.profile] if self.profile else [])
+                            extra=["--profile", self.profile] if self.profile else [], processes=self.processes)
 
 
 @dataclass

@@ -48,8 +48,15 @@ class ParityOptions:
     rng: str | None = None       # --rng: native or portable (None: the program's own)
     remat: str | None = None     # --remat: none, full or dots (None: the program's own)
     attention: str | None = None  # --attention: the attention kernel forced (None: the program's own)
+    processes: int = 1           # --processes: jax targets as this many processes of ``devices`` each
+
+    @property
+    def total_devices(self) -> int:
+        return self.devices * self.processes
 
     def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise ConfigError(f"--processes must be >= 1, got {self.processes}")
         if self.steps < 2:
             raise ConfigError(f"parity needs --steps >= 2, got {self.steps}")
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
@@ -90,7 +97,8 @@ def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weigh
         extra += ["--matmul-dtypes"]
     child = ChildOptions(steps=options.steps, warmup=min(2, options.steps - 1), devices=options.devices,
                          precision=precision, mesh=options.mesh, timeout_s=options.timeout_s, extra=extra,
-                         rng=options.rng, remat=options.remat, attention=options.attention)
+                         rng=options.rng, remat=options.remat, attention=options.attention,
+                         processes=options.processes)
     outcome = TargetOutcome(run_target(program_ref, target, child, out / "runs" / tag))
     if outcome.run.status == "ok":
         outcome.state = read_npz(state, "--save-state")
@@ -226,9 +234,9 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 entry["first_divergent_module"] = None if found is None else {"module": found[0], "deviation": found[1]}
             if draws and entry["verdict"] == "FAIL":
                 entry["cause"] = random_cause(draws)
-            elif entry["verdict"] == "FAIL" and options.devices > 1 and averages_shard_losses(target):
+            elif entry["verdict"] == "FAIL" and options.total_devices > 1 and averages_shard_losses(target):
                 if "split" not in checked:       # once per parity run, and only when it can explain a failure
-                    checked["split"] = split_cause(program, weights, options.devices, tol.loss_rtol)
+                    checked["split"] = split_cause(program, weights, options.total_devices, tol.loss_rtol)
                 if checked["split"]:
                     entry["cause"] = checked["split"]
         rows.append(entry)
@@ -236,7 +244,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             progress(target, entry)
     record = {
         "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
-        "precision": program.precision.name, "steps": options.steps, "devices": options.devices,
+        "precision": program.precision.name, "steps": options.steps, "devices": options.total_devices,
+        "processes": options.processes,
         "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
         "reference": {"target": reference, "losses": ref.losses, "eval_losses": ref.eval_losses,
                       **({"matmul_dtypes": ref.matmul_dtypes} if census else {})},

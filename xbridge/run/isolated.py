@@ -39,6 +39,8 @@ class ChildOptions:
     remat: str | None = None
     attention: str | None = None
     tensorboard: Path | None = None      # each target's scalars under TENSORBOARD/<target> (one TensorBoard run each)
+    processes: int = 1       # --processes: targets that can run as this many processes of ``devices`` each; the
+                             # others run the same total device count in one process
 
 
 @dataclass
@@ -115,7 +117,8 @@ def resolve_targets(requested: list[str] | None, reference: str = REFERENCE) -> 
     return [reference, *seen]     # the baseline of loss parity, first
 
 
-def child_command(program_ref: str, target: str, options: ChildOptions, devices: int, out: Path) -> list[str]:
+def child_command(program_ref: str, target: str, options: ChildOptions, devices: int, out: Path,
+                  processes: int = 1) -> list[str]:
     target_text, variant = split_variant(target)
     cmd = [sys.executable, "-m", "xbridge", "run", program_ref, "--backend", target_text, *variant, "--steps",
            str(options.steps), "--warmup", str(options.warmup), "--devices", str(devices), "--format", "json",
@@ -129,6 +132,8 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
             cmd += [flag, value]
     if options.tensorboard is not None:
         cmd += ["--tensorboard", str(options.tensorboard / target)]
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
     return cmd + options.extra
 
 
@@ -139,8 +144,10 @@ def _tail(text: str, lines: int = 12) -> str:
 def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) -> TargetRun:
     """One target in a fresh interpreter; a failure, a timeout or a kill becomes the status."""
     _, backend = registry.resolve(split_variant(target)[0])
-    devices = options.devices if backend.sharded else 1
-    cmd = child_command(program_ref, target, options, devices, out / target)
+    processes = options.processes if backend.multi_process else 1
+    per_process = options.devices * (options.processes // processes)      # one process: every device in it
+    devices = per_process * processes if backend.sharded else 1
+    cmd = child_command(program_ref, target, options, per_process if backend.sharded else 1, out / target, processes)
     run = TargetRun(target, devices, cmd, "ok")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s,

@@ -8,13 +8,16 @@ and compilation, are reported separately and excluded from the steady-state stat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import math
 import os
 import platform
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +35,7 @@ from ..files import write_npz
 from ..ir.program import Program
 from ..planner import ShardingPlan
 from ..planner import plan as make_plan
-from . import checkpoint, scalars
+from . import checkpoint, processes, scalars
 from .evaluation import Evaluator
 from .feed import Feed
 from .profile import ProfileSpec, summarise
@@ -62,6 +65,8 @@ class RunOptions:
     tensorboard: Path | None = None        # write each step's scalars as TensorBoard event files here
     profile: str | None = None             # --profile steps=A:B: trace those steps with the backend's profiler
     profile_dir: Path | None = None        # where the trace goes (run: OUT/profile)
+    processes: int | str = 1               # --processes: a count, or "cluster" (xbridge/run/processes.py)
+    process_index: int = 0                 # set when the job is joined: this process's index (0 writes the outputs)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -234,8 +239,11 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
 
 def _one_step(executable: Executable, feed: Feed, step: int, check: BatchCheck) -> StepRecord:
     start_time = time.perf_counter()
+    processes.beat(f"waiting for batch {step}")
     batch, waited = feed.get(step)
+    processes.beat(f"in step {step}")
     metrics = executable.step(batch)
+    processes.beat(f"finished step {step}")
     elapsed = time.perf_counter() - start_time
     read = check.bytes_read.pop(step, None)     # None: the backend's processes read their rows themselves
     extra = {"data_wait_s": waited, **({"data_bytes": float(read)} if read is not None else {}),
@@ -267,7 +275,25 @@ def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Pat
 
 def run(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
         weights: dict[str, np.ndarray] | None = None) -> RunRecord:
-    """Run ``program`` on ``target_text`` and return the result record (``run.json`` holds its JSON form)."""
+    """Run ``program`` on ``target_text`` and return the result record (``run.json`` holds its JSON form). With
+    ``options.processes``, this process joins the job first; ``options.devices`` is then per process."""
+    if options.processes == 1:
+        return _run_here(program, target_text, options, progress, weights)
+    target, backend = registry.resolve(target_text)
+    index, count = backend.join_processes(target.device, options.devices, options.processes)
+    options = dataclasses.replace(options, devices=options.devices * count, processes=count, process_index=index)
+    processes.joined(index, count)
+    if index == 0:
+        return _run_here(program, target_text, options, progress, weights)
+    scratch = Path(tempfile.mkdtemp(prefix=f"xbridge-process{index}-"))
+    try:
+        return _run_here(program, target_text, processes.follower_outputs(options, scratch), None, weights)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_here(program: Program, target_text: str, options: RunOptions, progress: Progress | None = None,
+              weights: dict[str, np.ndarray] | None = None) -> RunRecord:
     resumed = None
     if options.resume is not None:
         if weights is not None:
@@ -375,7 +401,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         layout=executable.layout(),
         compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
         data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program),
-        profile=summarise(traced[1], traced[0]) if traced else None)
+        profile=summarise(traced[1], traced[0]) if traced else None,
+        processes=options.processes if isinstance(options.processes, int) else 1)
 
 
 def data_info(program: Program) -> dict[str, Any]:

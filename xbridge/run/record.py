@@ -105,6 +105,7 @@ class RunRecord:
     written: str | None = None        # where run.json went (--out)
     provenance: dict[str, Any] = field(default_factory=dict)   # command line, program file, its git commit/dirty
     profile: dict[str, Any] | None = None     # --profile: the trace files and their summary (xbridge/run/profile.py)
+    processes: int = 1        # --processes: how many processes the devices were spread over (devices: all of them)
     record_version: int = RECORD_VERSION
 
     @property

@@ -1,0 +1,87 @@
+"""``--processes``: a jax run spread over several processes (jax.distributed, gloo between the CPU devices), each
+feeding the rows its devices hold, against the single process with the same total device count; a process that
+dies or hangs named; checkpoints written by several processes resumed elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import FIXTURES, PROGRAMS, error_line, run_cli
+from xbridge.parity import policy
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli]
+BOTH_MODES = ["jax-cpu", "jax-cpu:sharding-mode=shard_map"]
+
+
+def _parity(out, name, steps, *devices):
+    proc = run_cli("parity", str(PROGRAMS / f"{name}.py"), "--backends", ",".join(BOTH_MODES), "--steps", str(steps),
+                   "--mesh", "data=-1,model=2", "--jobs", "2", "--format", "json", "--out", str(out), *devices)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name,steps", [("mlp", 5), ("gpt", 3)])
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, name, steps):
+    """GSPMD and shard_map, data x model = 4 x 2: each process holds half the batch rows and feeds only those."""
+    two = _parity(tmp_path / "2x4", name, steps, "--devices", "4", "--processes", "2")
+    one = _parity(tmp_path / "1x8", name, steps, "--devices", "8")
+    assert two["processes"] == 2 and two["devices"] == one["devices"] == 8
+    tol = policy.tolerance("fp32")
+    for target in BOTH_MODES:
+        run = json.loads((tmp_path / "2x4" / "runs" / target / target / "run.json").read_text())
+        assert run["processes"] == 2 and run["devices"] == 8
+        assert all(s["data_bytes"] > 0 for s in run["steps"])          # process 0 read its own rows
+        rows = {r["target"]: r for r in (*two["targets"], *one["targets"])}
+        assert rows[target]["verdict"] == "pass"
+        losses = policy.loss_deviation([r["loss"] for r in json.loads(
+            (tmp_path / "1x8" / "runs" / target / target / "run.json").read_text())["steps"]],
+            [s["loss"] for s in run["steps"]], tol)
+        assert losses.ok, losses
+        with np.load(tmp_path / "2x4" / "states" / f"{target}.npz") as got, \
+                np.load(tmp_path / "1x8" / "states" / f"{target}.npz") as want:
+            params = policy.param_deviation(dict(want), dict(got), tol)
+        assert params.ok, (target, params)
+
+
+def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
+    """tests/fixtures/process_fault.py: process 1's data source exits with code 7, or sleeps, at step 2."""
+    fault = str(FIXTURES / "process_fault.py")
+    args = ("run", fault, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "4")
+    proc = run_cli(*args, env={"XBRIDGE_TEST_FAULT": "die"}, timeout=300)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert line.startswith("error: process 1 of 2 exited with code 7 (its log: ") and "process1.log" in line, line
+    proc = run_cli(*args, env={"XBRIDGE_TEST_FAULT": "hang", "XBRIDGE_DIST_TIMEOUT": "15"}, timeout=300)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert line.startswith("error: process 1 of 2 made no progress for 15 s (XBRIDGE_DIST_TIMEOUT; it was waiting "
+                           "for batch 2), and no process has since; every process was stopped"), line
+
+
+def test_a_checkpoint_of_two_processes_resumes_anywhere(tmp_path):
+    """Written by 2 jax processes (process 0 writes it): resumed on the same layout bit for bit, and on 1 jax process
+    and on xla at 4 devices within the fp32 policy."""
+    mlp = str(PROGRAMS / "mlp.py")
+    ck, full = tmp_path / "ck", tmp_path / "full.npz"
+    proc = run_cli("run", mlp, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "4",
+                   "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--save-state", str(full))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == ["step-00000002", "step-00000004"]
+    with np.load(full) as f:
+        uninterrupted = dict(f)
+    tol = policy.tolerance("fp32")
+    for backend, layout in (("jax-cpu", ["--processes", "2", "--devices", "2"]), ("jax-cpu", ["--devices", "4"]),
+                            ("xla-cpu", ["--devices", "4"])):
+        state = tmp_path / f"{backend}-{len(layout)}.npz"
+        proc = run_cli("run", mlp, "--backend", backend, *layout, "--steps", "4", "--resume",
+                       str(ck / "step-00000002"), "--save-state", str(state))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with np.load(state) as f:
+            resumed = dict(f)
+        if "--processes" in layout:       # the same layout: the same arithmetic
+            assert all(np.array_equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+        else:
+            assert policy.param_deviation(uninterrupted, resumed, tol).ok, (backend, layout)
