@@ -189,6 +189,14 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--init-state", "{ws}/other.npz"], "the --init-state file is missing tensor 'fc1.weight' of program 'mlp'"),
     (["run", MLP, "--steps", "2", "--out", "{ws}/afile.txt"], "--out '{ws}/afile.txt' exists and is not a directory"),
     (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+    # processes
+    (["run", MLP, "--backend", "jax-cpu", "--processes", "0"], "--processes must be a count >= 1 or 'cluster', got 0"),
+    (["run", MLP, "--backend", "jax-cpu", "--processes", "two"], "--processes must be a count >= 1 or 'cluster', got 'two'"),
+    (["run", MLP, "--backend", "xla-cpu", "--processes", "2"], "--processes: torch_xla 2.9 runs SPMD over several processes only on a TPU pod"),
+    (["run", MLP, "--backend", "inductor-cpu", "--processes", "2"], "--processes: inductor starts its own processes, one per device"),
+    (["run", MLP, "--processes", "2"], "--processes: the eager backend runs in one process; several processes are for jax targets"),
+    (["run", MLP, "--backend", "jax-cpu", "--processes", "cluster"], "--processes cluster: no job to join (coordinator_address should be defined.)"),
+    (["parity", MLP, "--processes", "0"], "--processes must be >= 1, got 0"),
     # meshes and sharding rules
     (["run", str(FIXTURES / "bad_mesh.py"), "--backend", "jax-cpu"], "mesh (data=2 x model=2) has 4 devices but 1 are in use"),
     (["inspect", MLP, "--mesh", "data=x"], "--mesh part 'data=x' of 'data=x' is not NAME=SIZE"),

@@ -71,9 +71,6 @@ class JaxBackend(Backend):
                               "environment (the xbridge command that starts the processes sets them)")
         if found is not None and processes != job.CLUSTER and found[1] != processes:
             raise ConfigError(f"--processes {processes}, but {job.COUNT}={found[1]} in the environment")
-        self.configure(device, devices)      # this process's devices, before JAX starts its backends
-        if device == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         kwargs = {} if found is None else {"num_processes": found[1], "process_id": found[0]}
         try:
             jax.distributed.initialize(**kwargs)   # type: ignore[arg-type]
@@ -85,6 +82,9 @@ class JaxBackend(Backend):
             raise RunError(f"jax.distributed.initialize could not join the job at coordinator "
                            f"{os.environ.get(job.COORDINATOR, '(from the cluster environment)')}: "
                            f"{str(exc).splitlines()[0]}") from None
+        self.configure(device, devices)      # this process's devices, before JAX starts its backends
+        if device == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         return jax.process_index(), jax.process_count()
 
     def configure(self, device: str, devices: int, dump: Path | None = None) -> None:
