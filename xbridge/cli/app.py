@@ -401,17 +401,23 @@ def inspect(
     devices: int = typer.Option(1, help="Devices the mesh spans."),
     mesh: str | None = MESH,
     precision: str | None = typer.Option(None, help="Override the precision (changes parameter bytes)."),
+    remat: str | None = REMAT,
     format: Format = FORMAT,
 ) -> None:
-    """Print parameter count, FLOPs per step and the sharding plan, without running anything."""
+    """Print parameter count, FLOPs per step, the sharding plan and the memory per device (parameters, gradients,
+    optimizer state, activations), without running anything."""
     from ..compare.flops import flops_per_step
+    from ..data.contract import checked_batch
+    from ..memory import estimate
     from ..planner import plan
     from .tables import print_inspect
 
-    prog = _load(program, precision, mesh=mesh)
+    prog = _load(program, precision, mesh=mesh, remat=remat)
     the_plan = plan(prog, devices)
+    batch = checked_batch(prog.data, 0, prog.seed)
     info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
-            "flops_per_step": flops_per_step(prog), "batch_size": prog.data.batch_size, "plan": the_plan.to_json()}
+            "flops_per_step": flops_per_step(prog, batch), "batch_size": prog.data.batch_size,
+            "plan": the_plan.to_json(), "memory": estimate(prog, the_plan, batch).to_json()}
     _emit(info, format, print_inspect)
 
 

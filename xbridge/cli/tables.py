@@ -100,6 +100,18 @@ def print_inspect(info: dict[str, Any]) -> None:
     console.print(f"parameters: {plan['total_params']:,}; bytes per device: {_bytes(plan['bytes_per_device'])}")
     console.print(f"model FLOPs per step (forward + backward, global batch of {info['batch_size']}): "
                   f"{info['flops_per_step'] / 1e9:.3f} GFLOP")
+    memory = info.get("memory")
+    if memory is not None and memory["activations"] is None:
+        console.print(f"memory per device (estimate): parameters {_bytes(memory['params'])} + gradients "
+                      f"{_bytes(memory['grads'])} + optimizer state {_bytes(memory['optimizer'])}; activations "
+                      f"unknown: {escape(memory['activations_error'])}")
+    elif memory is not None:
+        recompute = f" + {_bytes(memory['recompute'])} recomputing one layer" if memory["recompute"] else ""
+        console.print(f"memory per device (estimate, remat {memory['remat']}): {_bytes(memory['total'])} = parameters "
+                      f"{_bytes(memory['params'])} + gradients {_bytes(memory['grads'])} + optimizer state "
+                      f"{_bytes(memory['optimizer'])} + activations {_bytes(memory['activations'])}{recompute}; "
+                      f"activations {_bytes(memory['activations_math_attention'])} where attention runs as math "
+                      "(jax, xla; docs/depth-and-memory.md)")
     table = Table(title="sharding plan")
     for col in ("parameter", "shape", "dtype", "spec", "rule", "shard shape", "bytes/device"):
         table.add_column(col, justify="right" if col == "bytes/device" else "left")
