@@ -33,12 +33,12 @@ def _parity(tmp_path, program, *extra, steps="10"):
 
 
 # Suite time: BERT and T5 in fp32 are the dropout variants below (the same models with dropout on, under --rng
-# portable); bf16-mixed for the decoder, the MoE and the CNN (BERT and T5 passed bf16-mixed in the suite until
-# 2026-11-30, when they left it for time); bf16-true runs for the Llama (every family passed bf16-true by hand,
-# 2026-11-30)
+# portable); bf16-mixed for the decoder and the MoE (BERT and T5 passed bf16-mixed in the suite until 2026-11-30,
+# the ResNet until 2026-12-01, when they left it for time); bf16-true runs for the Llama (every family passed
+# bf16-true by hand, 2026-11-30)
 @pytest.mark.parametrize("name,precision", [
     ("llama", "fp32"), ("moe", "fp32"), ("resnet", "fp32"),
-    *((name, "bf16-mixed") for name in ("llama", "moe", "resnet")), ("llama", "bf16-true")])
+    *((name, "bf16-mixed") for name in ("llama", "moe")), ("llama", "bf16-true")])
 def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, precision):
     record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision, steps="6")
     assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
@@ -52,8 +52,11 @@ def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, pre
 def test_models_with_their_default_dropout_match_under_portable_randomness(tmp_path, name):
     """BERT and T5 as Hugging Face configures them (dropout 0.1, attention dropout through SDPA's dropout_p in BERT):
     every backend draws the same masks with --rng portable (4 devices: tests/test_portable_rng.py; T5 at 4 devices on
-    inductor, jax gspmd and shard_map, and xla passed by hand, 2026-11-30)."""
-    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--rng", "portable", steps="3")
+    inductor, jax gspmd and shard_map, and xla passed by hand, 2026-11-30). Suite time: T5 on jax and xla, its
+    inductor case (117 s with the others) passed in the full run of 2026-11-30; inductor's portable draws are BERT's
+    here and tests/test_portable_rng.py's."""
+    record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND if name == "bert_dropout" else
+                     "jax-cpu,xla-cpu", "--rng", "portable", steps="3")
     assert record["rng"] == "portable"
 
 

@@ -13,37 +13,36 @@ from helpers import FIXTURES, PROGRAMS, error_line, run_cli
 from xbridge.parity import policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli]
-BOTH_MODES = ["jax-cpu", "jax-cpu:sharding-mode=shard_map"]
 
 
-def _parity(out, name, steps, *devices):
-    proc = run_cli("parity", str(PROGRAMS / f"{name}.py"), "--backends", ",".join(BOTH_MODES), "--steps", str(steps),
+def _parity(out, name, steps, target, *devices):
+    proc = run_cli("parity", str(PROGRAMS / f"{name}.py"), "--backends", target, "--steps", str(steps),
                    "--mesh", "data=-1,model=2", "--jobs", "2", "--format", "json", "--out", str(out), *devices)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("name,steps", [("mlp", 5), ("gpt", 3)])
-def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, name, steps):
-    """GSPMD and shard_map, data x model = 4 x 2: each process holds half the batch rows and feeds only those."""
-    two = _parity(tmp_path / "2x4", name, steps, "--devices", "4", "--processes", "2")
-    one = _parity(tmp_path / "1x8", name, steps, "--devices", "8")
+# Suite time: the MLP on GSPMD and the GPT on shard_map here; the other two pairs passed by hand (2026-12-01: the
+# MLP on shard_map and the GPT on GSPMD, 2 x 4 against 1 x 8 and against eager, within the fp32 policy)
+@pytest.mark.parametrize("name,steps,target", [("mlp", 5, "jax-cpu"), ("gpt", 3, "jax-cpu:sharding-mode=shard_map")])
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, name, steps, target):
+    """data x model = 4 x 2: each process holds half the batch rows and feeds only those."""
+    two = _parity(tmp_path / "2x4", name, steps, target, "--devices", "4", "--processes", "2")
+    one = _parity(tmp_path / "1x8", name, steps, target, "--devices", "8")
     assert two["processes"] == 2 and two["devices"] == one["devices"] == 8
     tol = policy.tolerance("fp32")
-    for target in BOTH_MODES:
-        run = json.loads((tmp_path / "2x4" / "runs" / target / target / "run.json").read_text())
-        assert run["processes"] == 2 and run["devices"] == 8
-        assert all(s["data_bytes"] > 0 for s in run["steps"])          # process 0 read its own rows
-        rows = {r["target"]: r for r in (*two["targets"], *one["targets"])}
-        assert rows[target]["verdict"] == "pass"
-        losses = policy.loss_deviation([r["loss"] for r in json.loads(
-            (tmp_path / "1x8" / "runs" / target / target / "run.json").read_text())["steps"]],
-            [s["loss"] for s in run["steps"]], tol)
-        assert losses.ok, losses
-        with np.load(tmp_path / "2x4" / "states" / f"{target}.npz") as got, \
-                np.load(tmp_path / "1x8" / "states" / f"{target}.npz") as want:
-            params = policy.param_deviation(dict(want), dict(got), tol)
-        assert params.ok, (target, params)
+    assert [r["verdict"] for r in (*two["targets"], *one["targets"])] == ["pass", "pass"]   # each against eager
+    run = json.loads((tmp_path / "2x4" / "runs" / target / target / "run.json").read_text())
+    assert run["processes"] == 2 and run["devices"] == 8
+    single = json.loads((tmp_path / "1x8" / "runs" / target / target / "run.json").read_text())
+    # process 0 read its half of every batch, no more
+    assert [2 * s["data_bytes"] for s in run["steps"]] == [s["data_bytes"] for s in single["steps"]]
+    losses = policy.loss_deviation([s["loss"] for s in single["steps"]], [s["loss"] for s in run["steps"]], tol)
+    assert losses.ok, losses
+    with np.load(tmp_path / "2x4" / "states" / f"{target}.npz") as got, \
+            np.load(tmp_path / "1x8" / "states" / f"{target}.npz") as want:
+        params = policy.param_deviation(dict(want), dict(got), tol)
+    assert params.ok, (target, params)
 
 
 def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
@@ -54,10 +53,10 @@ def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
     assert proc.returncode == 1
     line = error_line(proc)
     assert line.startswith("error: process 1 of 2 exited with code 7 (its log: ") and "process1.log" in line, line
-    proc = run_cli(*args, env={"XBRIDGE_TEST_FAULT": "hang", "XBRIDGE_DIST_TIMEOUT": "15"}, timeout=300)
+    proc = run_cli(*args, env={"XBRIDGE_TEST_FAULT": "hang", "XBRIDGE_DIST_TIMEOUT": "8"}, timeout=300)
     assert proc.returncode == 1
     line = error_line(proc)
-    assert line.startswith("error: process 1 of 2 made no progress for 15 s (XBRIDGE_DIST_TIMEOUT; it was waiting "
+    assert line.startswith("error: process 1 of 2 made no progress for 8 s (XBRIDGE_DIST_TIMEOUT; it was waiting "
                            "for batch 2), and no process has since; every process was stopped"), line
 
 
