@@ -271,7 +271,7 @@ def run(
             check_file_writable(path, flag)
     if job.must_start(spread):       # checked above; now the processes, each running this same command
         assert isinstance(spread, int)
-        raise typer.Exit(job.start(spread, sys.argv[1:]))
+        raise typer.Exit(job.start(spread, _ARGV))
     from ..data.contract import tokens_per_example
 
     tokens = prog.data.batch_size * tokens_per_example(prog.data)
@@ -431,7 +431,12 @@ def _resource_error(exc: OSError) -> None:
     sys.exit(1)
 
 
+_ARGV: list[str] = []      # the command line main() was given: --processes starts its processes with it
+
+
 def main(argv: list[str] | None = None) -> None:
+    global _ARGV
+    _ARGV = list(argv) if argv is not None else sys.argv[1:]
     debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
     try:
         code = app(args=argv, prog_name="xbridge", standalone_mode=False)
