@@ -195,7 +195,6 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--backend", "xla-cpu", "--processes", "2"], "--processes: torch_xla 2.9 runs SPMD over several processes only on a TPU pod"),
     (["run", MLP, "--backend", "inductor-cpu", "--processes", "2"], "--processes: inductor starts its own processes, one per device"),
     (["run", MLP, "--processes", "2"], "--processes: the eager backend runs in one process; several processes are for jax targets"),
-    (["run", MLP, "--backend", "jax-cpu", "--processes", "cluster"], "--processes cluster: no job to join (coordinator_address should be defined.)"),
     (["parity", MLP, "--processes", "0"], "--processes must be >= 1, got 0"),
     # meshes and sharding rules
     (["run", str(FIXTURES / "bad_mesh.py"), "--backend", "jax-cpu"], "mesh (data=2 x model=2) has 4 devices but 1 are in use"),

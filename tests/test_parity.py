@@ -43,9 +43,10 @@ GROUPS = [(",".join(SHARDED_CPU_TARGETS), 1), ("jax-cpu,xla-cpu", 4), ("inductor
 # backend) and the GPT at 2 x 4 jax devices (tests/test_processes.py); in bf16 at 4 devices: the tensor-parallel
 # Llama of tests/test_model_zoo.py on jax and xla; on inductor's 2 processes: the HF GPT-2 below,
 # test_inductor_backend.py. The GPT's own matrix cases (1, 2 and 4 devices, fp32 and bf16-mixed) passed in the full
-# runs of 2026-11-30.
+# runs of 2026-11-30. Inductor's 2 processes run the MLP in bf16-mixed here; in fp32 (passed in the full run of
+# 2026-12-01) its multi-process cases are tests/test_loss_sum.py, tests/test_user_data.py and the MoE below.
 CASES = [("mlp", 20, precision, targets, devices) for precision in ("fp32", "bf16-mixed")
-         for targets, devices in GROUPS]
+         for targets, devices in GROUPS if (precision, devices) != ("fp32", 2)]
 
 
 @pytest.mark.parametrize("name,steps,precision,targets,devices", CASES)
@@ -99,15 +100,15 @@ def test_a_failing_comparison_explains_itself(tmp_path):
 
 def test_moe_program_with_its_experts_split_over_four_devices(tmp_path):
     """programs/moe.py at 4 devices, its experts split over an `expert` axis (data=2 x expert=2) by its own sharding
-    rule: jax GSPMD, torch_xla SPMD, and inductor's 4 ranks (FSDP2 over data, DTensor over expert). Its load-balancing
-    loss is taken per sequence, so the data split leaves the objective unchanged. (Suite time: 1 device in fp32 and
-    bf16-mixed, and 4 devices in bf16-mixed, passed by hand: docs/parity.md; the GPT at 4 devices is in the matrix
-    in bf16-mixed.)"""
-    for target in SHARDED_CPU_TARGETS:
+    rule: jax GSPMD and inductor's 4 ranks (FSDP2 over data, DTensor over expert). Its load-balancing loss is taken
+    per sequence, so the data split leaves the objective unchanged. (Suite time: xla at 4 devices, and every backend
+    at 1 device in fp32 and bf16-mixed and at 4 devices in bf16-mixed, passed by hand: docs/parity.md.)"""
+    targets = ["jax-cpu", "inductor-cpu"]
+    for target in targets:
         available_or_skip(target, 4)
-    code, record = parity(tmp_path, PROGRAMS / "moe.py", "--backends", ",".join(SHARDED_CPU_TARGETS), "--steps", "6",
+    code, record = parity(tmp_path, PROGRAMS / "moe.py", "--backends", ",".join(targets), "--steps", "6",
                           "--devices", "4", "--mesh", "data=2,expert=2")
-    assert [row["target"] for row in record["targets"]] == SHARDED_CPU_TARGETS
+    assert [row["target"] for row in record["targets"]] == targets
     for row in record["targets"]:
         assert row["verdict"] == "pass" and row["devices"] == 4 and row["recompiles"] == 0, row
     assert code == 0

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import FIXTURES, PROGRAMS, error_line, run_cli
+from helpers import FIXTURES, PROGRAMS, error_line, one_error_line, run_cli
 from xbridge.parity import policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli]
@@ -58,6 +58,32 @@ def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
     line = error_line(proc)
     assert line.startswith("error: process 1 of 2 made no progress for 8 s (XBRIDGE_DIST_TIMEOUT; it was waiting "
                            "for batch 2), and no process has since; every process was stopped"), line
+
+
+def test_joining_a_cluster_where_there_is_none_is_one_line():
+    """--processes cluster outside any launcher's job: JAX finds no coordinator (a fresh process: JAX must not have
+    started its runtime before joining, which is also why the target's devices are checked only after it)."""
+    proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--processes", "cluster", "--steps", "2")
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith("error: --processes cluster: no job to join (coordinator_address should be "
+                                           "defined.); JAX looks for Slurm, Open MPI, Cloud TPU or Kubernetes")
+
+
+def test_a_joining_process_leaves_the_accelerator_probe_to_jax_after_the_join(monkeypatch):
+    """jax-tpu with libtpu installed: normally jax.devices('tpu') says whether a chip is there; a process about to
+    join a job must not call it (it would start the runtime, and jax.distributed.initialize then refuses)."""
+    import importlib.util
+
+    import jax
+
+    from xbridge.backends import jaxjit
+    from xbridge.run import processes
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))
+    monkeypatch.setattr(jax, "devices", lambda *a: pytest.fail("jax.devices called before the job was joined"))
+    monkeypatch.setattr(processes, "_joining", True)
+    assert jaxjit.JaxBackend().device_reason("tpu") is None
 
 
 def test_a_checkpoint_of_two_processes_resumes_anywhere(tmp_path):

@@ -38,6 +38,10 @@ class JaxBackend(Backend):
         if not any(importlib.util.find_spec(m) for m in _PLATFORM_PLUGINS[device]):
             return (f"jax has no {device.upper()} runtime here (none of {', '.join(_PLATFORM_PLUGINS[device])} "
                     f"is installed; {_INSTALL_HINT[device]})")
+        from xbridge.run import processes
+
+        if processes.is_joining():      # jax.devices() would start the runtime, which must wait for the job
+            return None
         import jax
 
         try:

@@ -243,6 +243,8 @@ def run(
     if spread != 1:
         from ..backend import registry
 
+        job.joining()
+
         target, chosen = registry.resolve(backend)
         if not chosen.multi_process:
             chosen.join_processes(target.device, devices, spread)      # the backend's own refusal, before anything

@@ -36,6 +36,18 @@ GRACE_S = 5.0      # after one process fails, how long the others get to end on 
 
 
 _joined = (0, 1)      # (this process's index, the count) once the run loop has joined a job
+_joining = False      # this process will join a job: backends must not start their runtime before it has
+
+
+def joining(value: bool = True) -> None:
+    """Say that this process is about to join a job (before any target is resolved): a backend then checks its
+    devices after joining, not before (JAX cannot join once its runtime has started)."""
+    global _joining
+    _joining = value
+
+
+def is_joining() -> bool:
+    return _joining
 
 
 def joined(index: int, count: int) -> None:
@@ -83,7 +95,7 @@ def parse(text: str | None) -> int | str:
 def environment_job() -> tuple[int, int] | None:
     """(index, count) from the environment a launcher set (``JAX_PROCESS_ID``, ``JAX_NUM_PROCESSES``), or None."""
     index, count = os.environ.get(INDEX), os.environ.get(COUNT)
-    if index is None or count is None:
+    if not index or not count:      # unset, or set to nothing
         return None
     try:
         return int(index), int(count)
