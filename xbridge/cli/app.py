@@ -243,11 +243,14 @@ def run(
     if spread != 1:
         from ..backend import registry
 
-        job.joining()
-
-        target, chosen = registry.resolve(backend)
-        if not chosen.multi_process:
-            chosen.join_processes(target.device, devices, spread)      # the backend's own refusal, before anything
+        job.joining()       # before the target is resolved: a jax accelerator probe would start the runtime
+        try:
+            target, chosen = registry.resolve(backend)
+            if not chosen.multi_process:
+                chosen.join_processes(target.device, devices, spread)      # the backend's own refusal
+        except BaseException:
+            job.joining(False)
+            raise
     if keep is not None and checkpoint_dir is None:
         raise ConfigError("--keep needs --checkpoint-dir DIR (the checkpoints it keeps are written there)")
     if allow_config_change and resume is None:
