@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import traceback
 
+import numpy as np
 import torch
 
 from xbridge.data.contract import checked_batch
@@ -24,11 +25,12 @@ __all__ = ["check_loss"]
 _PROGRAM_MISTAKES = (KeyError, NameError, AttributeError, IndexError)
 
 
-def meta_batch(program: Program) -> dict[str, torch.Tensor]:
-    """The program's first batch as meta tensors (floating data in the params dtype, as the backends place it)."""
+def meta_batch(program: Program, arrays: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+    """The program's first batch (or ``arrays``, one batch already read) as meta tensors (floating data in the
+    params dtype, as the backends place it)."""
     floating = torch_dtype(program.precision.params)
     batch = {}
-    for key, value in checked_batch(program.data, 0, program.seed).items():
+    for key, value in (checked_batch(program.data, 0, program.seed) if arrays is None else arrays).items():
         dtype = torch.from_numpy(value[:0]).dtype
         batch[key] = torch.empty(value.shape, dtype=floating if dtype.is_floating_point else dtype, device="meta")
     return batch

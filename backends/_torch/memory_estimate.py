@@ -24,15 +24,20 @@ from xbridge.ir.program import Program
 from xbridge.weights import meta_model
 
 from . import remat
+from .loss_check import meta_batch
 from .train import split_micro
 
 __all__ = ["Saved", "saved_bytes"]
 
 
-def _meta_batch(program: Program, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    tensors = {k: torch.empty(v.shape, dtype=torch.from_numpy(np.asarray(v)[:0]).dtype, device="meta")
-               for k, v in batch.items()}
-    return split_micro(tensors, program.step.grad_accum)[0]
+def _forward(program: Program, batch: dict[str, np.ndarray], model: torch.nn.Module, counter: _Saved,
+             fused: bool) -> None:
+    """The loss of one micro-batch of meta tensors, forward only, every save going to ``counter`` (the model and the
+    batch in fp32, as meta_model builds it; sizes are counted at the compute dtype)."""
+    micro = split_micro(meta_batch(program.replace(precision="fp32"), batch), program.step.grad_accum)[0]
+    with (torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t),
+          _Attention(counter) if fused else contextlib.nullcontext()):
+        program.loss(model, micro)
 
 
 class _Attention(TorchFunctionMode):
@@ -102,9 +107,7 @@ def saved_bytes(program: Program, batch: dict[str, np.ndarray]) -> Saved:
         model.train()
         path = remat.apply(model, program, remat.torch_checkpoint(program.step.remat))
         counter = _Saved(model, compute)
-        attention = _Attention(counter) if fused else contextlib.nullcontext()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), attention:
-            program.loss(model, _meta_batch(program, batch))
+        _forward(program, batch, model, counter, fused)
         totals.append(counter.total)
     layer = _largest_layer(program, batch, compute) if path is not None else 0
     return Saved(totals[1], totals[0], layer)
@@ -117,7 +120,6 @@ def _largest_layer(program: Program, batch: dict[str, np.ndarray], compute: int)
     model.train()
     _, layers = remat.find_layers(model, program.step.layers)
     counter = _Saved(model, compute)
-    attention = _Attention(counter)
     marks: dict[int, int] = {}
     per_layer: list[int] = []
 
@@ -130,8 +132,7 @@ def _largest_layer(program: Program, batch: dict[str, np.ndarray], compute: int)
     handles = [h for layer in layers for h in (layer.register_forward_pre_hook(enter),
                                                 layer.register_forward_hook(leave))]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), attention:
-            program.loss(model, _meta_batch(program, batch))
+        _forward(program, batch, model, counter, fused=True)
     finally:
         for handle in handles:
             handle.remove()

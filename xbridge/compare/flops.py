@@ -33,8 +33,8 @@ def _count(program: Program, batch: dict[str, Any], device: str) -> int:
 
     if device == "meta":
         model = meta_model(program)
-        tensors = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta")
-                   for k, v in batch.items()}
+        check = importlib.import_module("xbridge.backends._torch.loss_check")
+        tensors = check.meta_batch(program.replace(precision="fp32"), batch)      # as meta_model builds the model
     else:
         from ..weights import initial_weights
 

@@ -66,7 +66,6 @@ class RunOptions:
     profile: str | None = None             # --profile steps=A:B: trace those steps with the backend's profiler
     profile_dir: Path | None = None        # where the trace goes (run: OUT/profile)
     processes: int | str = 1               # --processes: a count, or "cluster" (xbridge/run/processes.py)
-    process_index: int = 0                 # set when the job is joined: this process's index (0 writes the outputs)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -281,7 +280,7 @@ def run(program: Program, target_text: str, options: RunOptions, progress: Progr
         return _run_here(program, target_text, options, progress, weights)
     target, backend = registry.resolve(target_text)
     index, count = backend.join_processes(target.device, options.devices, options.processes)
-    options = dataclasses.replace(options, devices=options.devices * count, processes=count, process_index=index)
+    options = dataclasses.replace(options, devices=options.devices * count, processes=count)
     processes.joined(index, count)
     if index == 0:
         return _run_here(program, target_text, options, progress, weights)
