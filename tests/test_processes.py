@@ -86,19 +86,31 @@ def test_a_joining_process_leaves_the_accelerator_probe_to_jax_after_the_join(mo
     assert jaxjit.JaxBackend().device_reason("tpu") is None
 
 
+SHARDED = ["--mesh", "data=1,model=4"]    # the MLP's matrices split across both processes' devices
+
+
 def test_a_checkpoint_of_two_processes_resumes_anywhere(tmp_path):
-    """Written by 2 jax processes (process 0 writes it): resumed on the same layout bit for bit, and on 1 jax process
-    and on xla at 4 devices within the fp32 policy."""
+    """Written by 2 jax processes, each writing the pieces it holds: resumed on the same layout bit for bit, and on
+    1 jax process, on inductor's 2 processes and on xla at 4 devices within the fp32 policy."""
     mlp = str(PROGRAMS / "mlp.py")
     ck, full = tmp_path / "ck", tmp_path / "full.npz"
-    proc = run_cli("run", mlp, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "4",
+    proc = run_cli("run", mlp, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "4", *SHARDED,
                    "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--save-state", str(full))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == ["step-00000002", "step-00000004"]
     with np.load(full) as f:
         uninterrupted = dict(f)
+    manifest = json.loads((ck / "step-00000004" / "manifest.json").read_text())
+    # each process wrote its own files; fc1's rows (sharded over 'model') lie half in each, nothing twice
+    assert {f.split("-")[0] + f.split("-")[1] for f in manifest["files"]} == {"model00000", "model00001",
+                                                                             "train00000", "train00001"}
+    pieces = manifest["layout"]["model"]["fc1.weight"]["pieces"]
+    assert sorted((p["file"], p["start"][0]) for p in pieces) == [
+        ("model-00000-of-00002.safetensors", 0), ("model-00000-of-00002.safetensors", 64),
+        ("model-00001-of-00002.safetensors", 128), ("model-00001-of-00002.safetensors", 192)]
     tol = policy.tolerance("fp32")
-    for backend, layout in (("jax-cpu", ["--processes", "2", "--devices", "2"]), ("jax-cpu", ["--devices", "4"]),
+    for backend, layout in (("jax-cpu", ["--processes", "2", "--devices", "2", *SHARDED]),
+                            ("jax-cpu", ["--devices", "4"]), ("inductor-cpu", ["--devices", "2"]),
                             ("xla-cpu", ["--devices", "4"])):
         state = tmp_path / f"{backend}-{len(layout)}.npz"
         proc = run_cli("run", mlp, "--backend", backend, *layout, "--steps", "4", "--resume",
@@ -110,3 +122,25 @@ def test_a_checkpoint_of_two_processes_resumes_anywhere(tmp_path):
             assert all(np.array_equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
         else:
             assert policy.param_deviation(uninterrupted, resumed, tol).ok, (backend, layout)
+
+
+@pytest.mark.parametrize("killed", ["1", "0"])
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path, killed):
+    """tests/fixtures/kill_process_during_save.py: process 1 dies halfway through its model file, or process 0
+    halfway through the manifest of the second save: the job stops naming it, step 2 stays the newest checkpoint,
+    and a resumed job saves step 4 and clears what the killed save left."""
+    fixture, ck = str(FIXTURES / "kill_process_during_save.py"), tmp_path / "ck"
+    args = ("run", fixture, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", *SHARDED, "--steps", "4",
+            "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
+    proc = run_cli(*args, env={"XBRIDGE_TEST_KILL": f"{killed}@2"}, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    if killed == "1":
+        assert error_line(proc).startswith("error: process 1 of 2 was killed by SIGKILL"), error_line(proc)
+    assert [p.name for p in sorted(ck.glob("step-*"))] == ["step-00000002"]
+    assert list(ck.glob(".tmp-step-00000004-*"))        # what the killed save left
+    if killed == "0":
+        return
+    proc = run_cli(*args, "--resume", str(ck), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [p.name for p in sorted(ck.glob("step-*"))] == ["step-00000002", "step-00000004"]
+    assert not list(ck.glob(".tmp-*"))

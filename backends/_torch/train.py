@@ -45,13 +45,16 @@ def exact_fp32(device: torch.device) -> None:
         torch.set_float32_matmul_precision("highest")
 
 
-def build_model(program: Program, weights: dict[str, np.ndarray], device: torch.device) -> torch.nn.Module:
-    """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype."""
+def build_model(program: Program, weights: dict[str, np.ndarray] | None, device: torch.device) -> torch.nn.Module:
+    """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype.
+    ``weights=None``: the module keeps the values it was built with (a caller that feeds its parameters and buffers
+    from elsewhere: jax)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(program.seed)
         model = program.model()
-    state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
-    model.load_state_dict(state, strict=True)
+    if weights is not None:
+        state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
+        model.load_state_dict(state, strict=True)
     ties = tied_groups(model)
     model.to(device=device, dtype=torch_dtype(program.precision.params))
     retie(model, ties)

@@ -29,6 +29,7 @@ class JaxBackend(Backend):
     requires = ("jax", "optax", "torchax", "torch")
     extra = "jax"
     multi_process = True
+    reads_slices = True     # each process places only the slices its devices hold (make_array_from_callback)
     options = (BackendOption("sharding_mode", ("gspmd", "shard_map"), "gspmd",
                              "gspmd: jit with NamedSharding from the plan; shard_map: explicit collectives"),)
 

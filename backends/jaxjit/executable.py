@@ -113,7 +113,9 @@ class JaxExecutable(Executable):
             raise ConfigError(f"StepOptions attention={program.step.attention!r} is not available on jax: torchax "
                               "0.0.13 lowers scaled_dot_product_attention to its math reference only (XLA fuses it "
                               "as it can); use attention='auto' or 'math'")
-        model = build_model(program, weights, torch.device("cpu"))
+        # the module gives shapes, ties and the non-persistent buffers; the parameters and buffers are placed from
+        # ``weights`` below, each device's slice read on its own (a sharded checkpoint is never read whole)
+        model = build_model(program, None, torch.device("cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
         scan.apply(model, program)          # after remat: each scanned layer runs as remat wrapped it
         ops.register()
@@ -128,9 +130,11 @@ class JaxExecutable(Executable):
         for name in self.lowered.param_names:
             aliases = [n for n, c in self.lowered.canonical.items() if c == name]
             self.specs[name] = next((planned[n] for n in [name, *aliases] if n in planned), ())
-        params = {n: jax.device_put(to_jax_dtype(weights[n], float_dtype), NamedSharding(self.mesh, P(*self.specs[n])))
+        params = {n: self._place(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), float_dtype)
                   for n in self.lowered.param_names}
-        buffers = {n: jax.device_put(to_jax_dtype(tensor_to_numpy(b), float_dtype), self.replicated)   # bf16 too
+        # buffers (and frozen parameters, which torchax keeps with them) in the params dtype, bf16 too; a
+        # non-persistent buffer (not in the state_dict) as the module built it
+        buffers = {n: self._place(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, float_dtype)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         opt = self.tx.init({n: params[n] for n in self.trained})
@@ -145,6 +149,15 @@ class JaxExecutable(Executable):
         self.batch_sharding = NamedSharding(self.mesh, batch_spec)
         self.batch_spec = batch_spec
         self.jitted = self._build()
+
+    def _place(self, source: Any, sharding: jax.sharding.Sharding, float_dtype: Any = None) -> jax.Array:
+        """A global array from ``source`` (numpy, or a sharded checkpoint's tensor): each of this process's devices
+        gets its slice, read on its own; floating values in ``float_dtype`` (None: keep the dtype)."""
+        def read(index: Any) -> np.ndarray:
+            value = np.asarray(source[index])
+            return to_jax_dtype(value, float_dtype) if float_dtype is not None else value
+
+        return jax.make_array_from_callback(tuple(source.shape), sharding, read)
 
     def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
                               float_dtype: Any) -> list[str]:
@@ -444,15 +457,48 @@ class JaxExecutable(Executable):
             out["scaler/growth_tracker"] = np.asarray(host["scaler"].growth_tracker, dtype=np.int64)
         return out
 
-    def load_training_state(self, state: dict[str, np.ndarray]) -> None:
-        """Checkpoint arrays (from any backend) into the optimizer state, placed with the state's shardings."""
-        host = self._host(self.state)
-        host["opt"] = optimizers.import_state(host["opt"], state, self._eager_names())
-        host["step"] = np.asarray(state["loop/updates"], dtype=np.int32)
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Checkpoint arrays (from any backend) into the optimizer state, each device reading its slice of each."""
+        def place(value: Any, like: jax.Array) -> jax.Array:
+            return self._place(optimizers.Cast(value, like.dtype), like.sharding)
+
+        loaded = dict(self.state)
+        loaded["opt"] = optimizers.import_state(self.state["opt"], state, self._eager_names(), place)
+        loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
         if self.scaling and "scaler/scale" in state:
-            host["scaler"] = optimizers.ScalerState(np.asarray(state["scaler/scale"], dtype=np.float32),
-                                                    np.asarray(state["scaler/growth_tracker"], dtype=np.int32))
-        self.state = jax.device_put(host, self.state_shardings)
+            loaded["scaler"] = optimizers.ScalerState(np.asarray(np.asarray(state["scaler/scale"]), dtype=np.float32),
+                                                      np.asarray(np.asarray(state["scaler/growth_tracker"]),
+                                                                 dtype=np.int32))
+        self.state = jax.device_put(loaded, self.state_shardings)
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """One process: full arrays. Several: each process's pieces (its devices' shards, a replicated one by the
+        replica numbered 0 only), nothing gathered, and the processes' barrier."""
+        if self.processes == 1:
+            return super().checkpoint_state()
+        from jax.experimental import multihost_utils
+
+        from xbridge.run.shards import Group, Sharded
+
+        def pieces(leaf: jax.Array, dtype: Any) -> Sharded:
+            held = [(tuple(s.indices(n)[0] for s, n in zip(shard.index, leaf.shape)),
+                     np.asarray(shard.data).astype(dtype))
+                    for shard in leaf.addressable_shards if shard.replica_id == 0]
+            return Sharded(tuple(leaf.shape), str(np.dtype(dtype)), held)
+
+        params, buffers = self.state["params"], self.state["buffers"]
+        model = {}
+        for name in self.names:
+            canonical = self.lowered.canonical.get(name)
+            value = params[canonical] if canonical is not None else buffers[name]
+            floating = jnp.issubdtype(value.dtype, jnp.floating)
+            model[name] = pieces(value, np.float32 if floating else self.dtypes[name])
+        train = optimizers.export_state(self.state["opt"], self._eager_names(), lambda leaf: pieces(leaf, np.float32))
+        train["loop/updates"] = pieces(self.state["step"], np.int64)
+        if self.scaling:
+            train["scaler/scale"] = pieces(self.state["scaler"].scale, np.float32)
+            train["scaler/growth_tracker"] = pieces(self.state["scaler"].growth_tracker, np.int64)
+        return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
 
     def nonfinite_grads(self) -> list[str]:
         """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""

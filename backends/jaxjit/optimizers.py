@@ -7,6 +7,7 @@ own count (Adam's bias correction) only advances on applied steps. Keeping the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -89,33 +90,54 @@ def _parts(opt: Any) -> list[Any]:
     return list(opt) if isinstance(opt, tuple) and not hasattr(opt, "_fields") else [opt]
 
 
-def export_state(opt: Any, torch_names: dict[str, str]) -> dict[str, Any]:
-    """``optim/<eager name>/<key>`` -> host array; ``torch_names`` maps each trained (canonical) name to its
-    eager name."""
+def _float32(leaf: Any) -> Any:
+    return np.asarray(leaf, dtype=np.float32)
+
+
+def export_state(opt: Any, torch_names: dict[str, str], convert: Callable[[Any], Any] = _float32) -> dict[str, Any]:
+    """``optim/<eager name>/<key>`` -> ``convert(leaf)`` (default: a float32 host array); ``torch_names`` maps
+    each trained (canonical) name to its eager name."""
     out: dict[str, Any] = {}
     for part in _parts(opt):
         if isinstance(part, optax.ScaleByAdamState):
             for name, eager in torch_names.items():
-                out[f"optim/{eager}/step"] = np.asarray(part.count, dtype=np.float32)
-                out[f"optim/{eager}/exp_avg"] = np.asarray(part.mu[name], dtype=np.float32)
-                out[f"optim/{eager}/exp_avg_sq"] = np.asarray(part.nu[name], dtype=np.float32)
+                out[f"optim/{eager}/step"] = convert(part.count)
+                out[f"optim/{eager}/exp_avg"] = convert(part.mu[name])
+                out[f"optim/{eager}/exp_avg_sq"] = convert(part.nu[name])
         elif isinstance(part, TorchMomentumState) and bool(part.started):
             for name, eager in torch_names.items():
-                out[f"optim/{eager}/momentum_buffer"] = np.asarray(part.buf[name], dtype=np.float32)
+                out[f"optim/{eager}/momentum_buffer"] = convert(part.buf[name])
     return out
 
 
-def import_state(opt: Any, state: dict[str, Any], torch_names: dict[str, str]) -> Any:
+class Cast:
+    """A checkpoint tensor read slice by slice in ``dtype`` (what :func:`import_state`'s ``place`` receives)."""
+
+    def __init__(self, source: Any, dtype: Any) -> None:
+        self.source, self.dtype, self.shape = source, dtype, tuple(source.shape)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return np.asarray(self.source[index]).astype(self.dtype)
+
+
+def _host_copy(value: Any, like: Any) -> Any:
+    return np.asarray(value).astype(like.dtype)
+
+
+def import_state(opt: Any, state: dict[str, Any], torch_names: dict[str, str],
+                 place: Callable[[Any, Any], Any] = _host_copy) -> Any:
     """``opt`` (a freshly initialised state) with every entry the checkpoint holds; absent entries keep their
-    initial value, which is what torch.optim starts a parameter's state from."""
+    initial value, which is what torch.optim starts a parameter's state from. ``place(value, like)`` makes the
+    leaf ``like`` from the checkpoint's ``value`` (default: a host copy in ``like``'s dtype)."""
     def load(eager: str, key: str, like: Any) -> Any:
         value = state.get(f"optim/{eager}/{key}")
-        return like if value is None else np.asarray(value).astype(like.dtype)
+        return like if value is None else place(value, like)
 
     parts = []
     for part in _parts(opt):
         if isinstance(part, optax.ScaleByAdamState):
-            steps = {float(state[f"optim/{e}/step"]) for e in torch_names.values() if f"optim/{e}/step" in state}
+            steps = {float(np.asarray(state[f"optim/{e}/step"])) for e in torch_names.values()
+                     if f"optim/{e}/step" in state}
             count = part.count if not steps else np.asarray(max(steps), dtype=part.count.dtype)
             part = part._replace(count=count,
                                  mu={n: load(e, "exp_avg", part.mu[n]) for n, e in torch_names.items()},

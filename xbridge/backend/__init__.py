@@ -122,6 +122,12 @@ class Executable(ABC):
         names (``optim/<param>/<torch.optim key>``, ``loop/updates``, ``scaler/*``, ``rng/*``; see
         xbridge/run/checkpoint.py). Written into checkpoints; read back by any backend."""
 
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """What a checkpoint holds: (:meth:`state_dict`, :meth:`training_state`, None). A backend whose processes
+        save together returns, in every process, the pieces that process writes (``xbridge.run.shards.Sharded``
+        values) and the ``shards.Group`` they save as."""
+        return self.state_dict(), self.training_state(), None
+
     @abstractmethod
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         """After :meth:`init`: continue from ``state`` (from :meth:`training_state` of any backend), sharding it
@@ -201,6 +207,9 @@ class Backend:
     options: tuple[BackendOption, ...] = ()   # options it takes (CLI flags such as --sharding-mode)
     sharded: bool = True        # False: runs on one device and ignores the mesh (its plan collapses every axis to 1)
     multi_process: bool = False  # True: --processes spreads it over several processes (:meth:`join_processes`)
+    # True: init and load_training_state also take a sharded checkpoint's tensors (xbridge.run.shards.Stored: shape,
+    # dtype, and [slices] reading only those); False: they get numpy arrays
+    reads_slices: bool = False
     unsupported: dict[str, str] = {}   # device -> why this backend cannot ever target it
 
     def averages_shard_losses(self, options: dict[str, str]) -> bool:

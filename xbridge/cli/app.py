@@ -467,6 +467,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
+        from ..run.processes import after_lost_peer
+
+        after_lost_peer(exc)        # a peer process died: its supervisor names it, not this echo of it
         if isinstance(exc, MemoryError):   # the environment: exit 1, the resource named
             print("error: out of host memory (MemoryError); use a smaller model or batch, fewer --jobs, or a machine "
                   "with more memory", file=sys.stderr)

@@ -23,6 +23,12 @@ directory, then renames it into place: a process killed at any moment leaves eit
 or no trace of it besides a ``.tmp-*`` directory, which the next save removes when its owner is dead. A save that
 fails (disk full) removes its temporary directory and keeps the last good checkpoint. One writer at a time: a run
 holds an exclusive lock (``.lock``, fcntl) on its checkpoint directory and a second one is refused up front.
+
+A run spread over several processes writes a sharded checkpoint instead (xbridge/run/shards.py): each process
+writes the pieces it holds into its own hidden temporary directory; when all have written (a barrier), process 0
+moves their files into its own, writes the manifest (with a ``layout``: every tensor's global shape and dtype and
+where each of its pieces lies) and ``COMMIT``, and renames it into place; the others wait for that before going on.
+A process killed at any moment stops the job before the rename, so the previous checkpoint stays the newest.
 """
 
 from __future__ import annotations
@@ -44,13 +50,14 @@ import numpy as np
 from ..errors import CheckpointError, RunError
 from ..ir import serialize
 from ..ir.program import Program
+from . import shards
 
 FORMAT = "xbridge-checkpoint"
 VERSION = 1
 MODEL_FILE, TRAIN_FILE, MANIFEST, COMMIT = "model.safetensors", "train.safetensors", "manifest.json", "COMMIT"
 LOCK = ".lock"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
-_TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)$")
+_TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)(-p\d+)?$")
 
 
 def resume_hash(program: Program) -> str:
@@ -127,9 +134,11 @@ def _describe(arrays: dict[str, np.ndarray]) -> dict[str, list[Any]]:
     return {name: [str(a.dtype), list(a.shape)] for name, a in arrays.items()}
 
 
-def _first_nonfinite(arrays: dict[str, np.ndarray]) -> str | None:
-    for name, array in arrays.items():
-        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+def _first_nonfinite(arrays: dict[str, Any]) -> str | None:
+    """The first tensor holding NaN or Inf (of a sharded one, in the pieces this process holds)."""
+    for name, value in arrays.items():
+        pieces = [a for _, a in value.pieces] if isinstance(value, shards.Sharded) else [value]
+        if any(np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all() for a in pieces):
             return name
     return None
 
@@ -202,19 +211,36 @@ class Writer:
             if owner is None or (owner != os.getpid() and not _alive(owner)):
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def save(self, step: int, model: dict[str, np.ndarray], train: dict[str, np.ndarray],
-             info: dict[str, Any]) -> Path:
-        """Write checkpoint ``step``; refuses (RunError) a state holding NaN/Inf, keeping the last good one."""
-        import safetensors.numpy
-
+    def _refuse(self, step: int, model: dict[str, Any], train: dict[str, Any]) -> Path:
         bad = _first_nonfinite(model) or _first_nonfinite(train)
         if bad is not None:
             kept = f"; the last good checkpoint is {self.last}" if self.last else ""
             raise RunError(f"not saving step {step}: {bad!r} holds NaN or Inf{kept}")
-        self._remove_stale()
         final = step_dir(self.directory, step)
         if final.exists():
             raise CheckpointError(f"checkpoint {str(final)!r} already exists; it is not overwritten")
+        return final
+
+    def _failed(self, step: int, exc: OSError) -> RunError:
+        kept = f"; the last good checkpoint is {self.last}" if self.last else ""
+        return RunError(f"checkpoint of step {step} could not be written to {str(self.directory)!r}: "
+                        f"{exc.strerror or exc}{kept}")
+
+    def _prune(self) -> None:
+        for _, old in list_checkpoints(self.directory)[:-self.keep]:
+            if not old.is_symlink():
+                shutil.rmtree(old)
+
+    def save(self, step: int, model: dict[str, Any], train: dict[str, Any], info: dict[str, Any],
+             group: shards.Group | None = None) -> Path:
+        """Write checkpoint ``step``; refuses (RunError) a state holding NaN/Inf, keeping the last good one. With
+        a ``group`` of processes, every process calls it and each writes the pieces it holds (:meth:`_save_sharded`)."""
+        if group is not None:
+            return self._save_sharded(step, model, train, info, group)
+        import safetensors.numpy
+
+        final = self._refuse(step, model, train)
+        self._remove_stale()
         tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
         try:
             tmp.mkdir()
@@ -232,14 +258,72 @@ class Writer:
             _fsync_dir(self.directory)
         except OSError as exc:      # disk full, quota, I/O error: nothing half-written stays, the last good one does
             shutil.rmtree(tmp, ignore_errors=True)
-            kept = f"; the last good checkpoint is {self.last}" if self.last else ""
-            raise RunError(f"checkpoint of step {step} could not be written to {str(self.directory)!r}: "
-                           f"{exc.strerror or exc}{kept}") from None
+            raise self._failed(step, exc) from None
         self.last = final
-        for _, old in list_checkpoints(self.directory)[:-self.keep]:
-            if not old.is_symlink():
-                shutil.rmtree(old)
+        self._prune()
         return final
+
+    def _save_sharded(self, step: int, model: dict[str, Any], train: dict[str, Any], info: dict[str, Any],
+                      group: shards.Group) -> Path:
+        """Every process of ``group`` writes its pieces; process 0 commits once all have (module docstring). A
+        process that fails raises and stops; the job's supervisor then stops the others, blocked at a barrier."""
+        final = self._refuse(step, model, train)
+        group.barrier(f"xbridge-save-{step}-begin")
+        if group.index == 0:
+            # process 0 holds the directory's lock, so no other run saves here, and this job's processes create
+            # their folders after the next barrier: every temporary folder present is a dead save's
+            for stale in self.directory.glob(".tmp-step-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        group.barrier(f"xbridge-save-{step}-clean")
+        tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}-p{group.index}"
+        try:
+            tmp.mkdir()
+            shards.write_part(tmp, group, model, train, _write_file)
+            _fsync_dir(tmp)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self._failed(step, exc) from None
+        group.barrier(f"xbridge-save-{step}-written")
+        if group.index == 0:
+            try:
+                self._commit(step, tmp, final, info, group.count)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise self._failed(step, exc) from None
+        group.barrier(f"xbridge-save-{step}-committed")
+        self.last = final
+        if group.index == 0:
+            self._prune()
+        return final
+
+    def _commit(self, step: int, tmp: Path, final: Path, info: dict[str, Any], count: int) -> None:
+        """Process 0: every process's files into ``tmp``, then the manifest and COMMIT, then the rename."""
+        parts, folders = [], []
+        for index in range(count):
+            found = list(self.directory.glob(f".tmp-step-{step:08d}-*-p{index}/part-{index:05d}.json"))
+            if len(found) != 1:
+                raise CheckpointError(f"checkpoint of step {step}: process {index} left {len(found)} parts in "
+                                      f"{str(self.directory)!r}, not one")
+            parts.append(json.loads(found[0].read_text()))
+            folders.append(found[0].parent)
+            found[0].unlink()
+        merged = shards.merge_parts(parts)
+        for folder in folders:
+            if folder != tmp:
+                for file in folder.iterdir():
+                    os.rename(file, tmp / file.name)
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "processes": count, **merged,
+                    "rng": sorted(k for k in merged["layout"]["train"] if k.startswith("rng/")),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        text = json.dumps(manifest, indent=2).encode()
+        _write_file(tmp / MANIFEST, text)
+        _write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        for folder in folders:
+            if folder != tmp:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def manifest_info(program: Program, target: str, devices: int, mesh: dict[str, int], step: int,
@@ -254,10 +338,12 @@ def manifest_info(program: Program, target: str, devices: int, mesh: dict[str, i
 
 @dataclass
 class Checkpoint:
+    """``weights`` and ``train``: numpy arrays, or for a sharded checkpoint :class:`shards.Stored` tensors that
+    read the slices asked for (``np.asarray`` reads one whole)."""
     path: Path
     manifest: dict[str, Any]
-    weights: dict[str, np.ndarray]
-    train: dict[str, np.ndarray]
+    weights: dict[str, Any]
+    train: dict[str, Any]
 
     @property
     def step(self) -> int:
@@ -324,7 +410,7 @@ def _malformed(manifest: dict[str, Any]) -> str | None:
             if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str)
                     or not isinstance(spec[1], list)):
                 return f"tensor {tensor!r} of {name!r} must be [dtype, shape], got {spec!r}"
-    return None
+    return shards.malformed_layout(manifest) if "layout" in manifest else None
 
 
 def _read_tensors(path: Path, name: str, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -353,8 +439,31 @@ def _read_tensors(path: Path, name: str, manifest: dict[str, Any]) -> dict[str, 
     return arrays
 
 
-def _check_against_program(path: Path, program: Program, weights: dict[str, np.ndarray],
-                            train: dict[str, np.ndarray]) -> None:
+def _check_sizes(path: Path, manifest: dict[str, Any]) -> None:
+    """A sharded checkpoint's files against the manifest's sizes and headers (each piece is checked against its
+    SHA-256 when it is read; reading only the slices needed is the point)."""
+    from safetensors import safe_open
+
+    for name, expected in manifest["files"].items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint file {str(file)!r} cannot be read: {exc.strerror}") from None
+        if size != expected["bytes"]:
+            raise CheckpointError(f"checkpoint file {str(file)!r} is truncated or padded: {size} bytes, the "
+                                  f"manifest says {expected['bytes']}")
+        try:
+            with safe_open(str(file), framework="np") as handle:
+                keys = set(handle.keys())
+        except Exception as exc:    # noqa: BLE001 (safetensors raises its own error types for a damaged header)
+            raise CheckpointError(f"checkpoint file {str(file)!r} cannot be read: {exc}") from None
+        missing = sorted(set(manifest["tensors"].get(name, {})) - keys)
+        if missing:
+            raise CheckpointError(f"checkpoint file {str(file)!r} is missing tensor {missing[0]!r}")
+
+
+def _check_against_program(path: Path, program: Program, weights: dict[str, Any], train: dict[str, Any]) -> None:
     from ..weights import meta_model, shape_mismatch
 
     problem = shape_mismatch(program, weights, f"checkpoint {str(path)!r}")
@@ -400,8 +509,13 @@ def load(path: Path, program: Program, allow_config_change: bool = False) -> Che
         raise CheckpointError(f"checkpoint {str(path)!r} belongs to another program config (program "
                               f"{manifest.get('program')!r}, config hash {manifest['config_hash']}; this is "
                               f"{program.name!r}, {program.config_hash}); pass --allow-config-change to load it anyway")
-    weights = _read_tensors(path, MODEL_FILE, manifest)
-    train = _read_tensors(path, TRAIN_FILE, manifest)
+    if "layout" in manifest:
+        _check_sizes(path, manifest)
+        weights: dict[str, Any] = shards.stored_tensors(path, manifest, "model")
+        train: dict[str, Any] = shards.stored_tensors(path, manifest, "train")
+    else:
+        weights = _read_tensors(path, MODEL_FILE, manifest)
+        train = _read_tensors(path, TRAIN_FILE, manifest)
     _check_against_program(path, program, weights, train)
     updates = np.asarray(train["loop/updates"])
     if updates.shape != () or int(updates) != manifest["step"]:

@@ -158,10 +158,16 @@ def prepare(program: Program, target_text: str, options: RunOptions,
         weights = initial_weights(program)
     else:
         check_weights(program, weights)
+        weights = readable(backend, weights)
     executable.init(weights)
     if program.step.attention != "auto":
         check_attention(program, target, executable)
     return Prepared(target, backend, plan, executable, backend_options, calls)
+
+
+def readable(backend: Backend, arrays: dict[str, Any]) -> dict[str, Any]:
+    """A sharded checkpoint's tensors as they are (the backend reads the slices it needs) or read whole."""
+    return arrays if backend.reads_slices else {name: np.asarray(value) for name, value in arrays.items()}
 
 
 def check_attention(program: Program, target: Target, executable: Executable) -> None:
@@ -330,11 +336,11 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
          writer: checkpoint.Writer | None, board: scalars.Scalars | None = None) -> RunRecord:
     start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
-    if writer is not None:
+    if writer is not None and processes.this_process()[0] == 0:    # process 0 commits every process's checkpoint
         writer.lock()
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
     if resumed is not None:
-        executable.load_training_state(resumed.train)
+        executable.load_training_state(readable(backend, resumed.train))
     if options.trace_out is not None:
         # the training batch as the step sees it (with --rng portable, its rows for the generator: the traced
         # forward draws what the step draws)
@@ -348,7 +354,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
     def save(done: int) -> None:
         assert writer is not None
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
-        saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
+        model, train, group = executable.checkpoint_state()
+        saved.append(str(writer.save(done, model, train, info, group)))
 
     evaluator = Evaluator(program.eval, program.seed, executable, options.steps) if program.eval else None
     if evaluator is not None:

@@ -110,9 +110,10 @@ def must_start(processes: int | str) -> bool:
 
 def follower_outputs(options: Any, scratch: Path) -> Any:
     """A process other than 0: every path the run writes moved under ``scratch`` (the same calls happen in every
-    process: a checkpoint gathers from all of them; only process 0's files are kept)."""
+    process: a --save-state gathers from all of them; only process 0's files are kept), but the checkpoint
+    directory, where every process writes the pieces it holds (xbridge/run/shards.py)."""
     moved = {}
-    for name in ("dump", "state_out", "trace_out", "checkpoint_dir", "tensorboard", "profile_dir"):
+    for name in ("dump", "state_out", "trace_out", "tensorboard", "profile_dir"):
         path = getattr(options, name)
         if path is not None:
             moved[name] = scratch / name / Path(path).name
@@ -211,6 +212,19 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# what gloo's TCP transport says when the process at the other end is gone (jax's CPU collectives, torch's gloo)
+_LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def after_lost_peer(exc: BaseException) -> None:
+    """In a process that ``start`` supervises: an error that is a collective failing because a peer process died
+    waits for the supervisor to stop this process (it does within :data:`GRACE_S` of the death), so the one line
+    the user reads names the process that died, not this consequence. Returns at once otherwise, and after the
+    wait if nothing stopped this process (then the error is reported as it is)."""
+    if os.environ.get(CHILD) and this_process()[1] > 1 and any(s in str(exc) for s in _LOST_PEER):
+        time.sleep(4 * GRACE_S)
 
 
 def describe_exit(code: int) -> str:
