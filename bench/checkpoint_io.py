@@ -7,12 +7,20 @@ Each backend runs in its own process. It takes two steps (so the optimizer state
 of one step and one save (state pulled from the device, both files written and fsynced, renamed) and one verified
 load (checksums, tensors against the program); the table reports medians and save and load time as a ratio of the
 step time measured in the same rounds. Prints a table, writes checkpoint.json.
+
+    .venv/bin/python bench/checkpoint_io.py --processes 2 [--devices 2] [--mesh data=1,model=4]
+
+A sharded save and load by a jax job of P processes on this machine (gloo between the CPU devices): per process,
+the bytes it wrote against the whole checkpoint, and the host memory the save and the load allocated at their peak
+(tracemalloc: numpy's buffers and safetensors' bytes) against the whole state, beside what gathering the state
+into every process (the unsharded ``state_dict`` + ``training_state``) allocates. Writes sharded.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,16 +68,125 @@ def child(program_path: str, backend: str, rounds: int) -> dict:
             "load_over_step": med["load_s"] / med["step_s"], "rounds": rounds}
 
 
+def sharded_child(program_path: str, processes: int, devices: int, mesh: str, rounds: int, directory: str) -> dict:
+    """One process of a P-process jax job: two steps, then ``rounds`` of (sharded save, sharded load), each
+    measured for time and for its tracemalloc peak; then the gathered state's peak for comparison."""
+    import tracemalloc
+
+    from xbridge.backend import registry
+    from xbridge.ir.mesh import parse_mesh
+    from xbridge.program_file import load_program
+    from xbridge.run import checkpoint
+    from xbridge.run import processes as job
+    from xbridge.run.loop import RunOptions, prepare
+
+    program = load_program(program_path).replace(mesh=parse_mesh(mesh))
+    _, backend = registry.resolve("jax-cpu")
+    index, count = backend.join_processes("cpu", devices, processes)
+    job.joined(index, count)
+    total = devices * count
+    prepared = prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1, devices=total, processes=count))
+    executable = prepared.executable
+    for step in range(2):
+        executable.step(program.data.batch(step, program.seed))
+    writer = checkpoint.Writer(Path(directory), keep=1, start_step=0)
+    if index == 0:
+        writer.lock()
+    tracemalloc.start()
+
+    def measured(fn):
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        start = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - start, tracemalloc.get_traced_memory()[1] - base
+
+    save_s, load_s, save_peak, load_peak = [], [], [], []
+    path = None
+    for i in range(rounds):
+        info = checkpoint.manifest_info(program, "jax-cpu", total, dict(prepared.plan.mesh), 2 + i, {})
+        def save(step=2 + i, info=info):
+            model, train, group = executable.checkpoint_state()
+            return writer.save(step, model, train, info, group)
+
+        path, seconds, peak = measured(save)
+        save_s.append(seconds)
+        save_peak.append(peak)
+
+        def load(path=path):
+            loaded = checkpoint.load(path, program)
+            executable.init(loaded.weights)
+            executable.load_training_state(loaded.train)
+
+        _, seconds, peak = measured(load)
+        load_s.append(seconds)
+        load_peak.append(peak)
+    _, _, gather_peak = measured(lambda: (executable.state_dict(), executable.training_state()))
+    tracemalloc.stop()
+    assert path is not None
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    mine = f"-{index:05d}-of-"
+    return {"process": index, "processes": count, "devices": total, "mesh": mesh,
+            "checkpoint_bytes": sum(f["bytes"] for f in manifest["files"].values()),
+            "written_bytes": sum(f["bytes"] for n, f in manifest["files"].items() if mine in n),
+            "save_s": float(np.median(save_s)), "load_s": float(np.median(load_s)),
+            "save_peak_bytes": int(max(save_peak)), "load_peak_bytes": int(max(load_peak)),
+            "gather_peak_bytes": int(gather_peak), "rounds": rounds}
+
+
+def sharded(args: argparse.Namespace) -> None:
+    from xbridge.run import processes as job
+
+    directory = tempfile.mkdtemp(prefix="xbridge-sharded-bench-")
+    env = {job.COORDINATOR: f"127.0.0.1:{job.free_port()}", job.COUNT: str(args.processes)}
+    command = [sys.executable, __file__, "--program", args.program, "--rounds", str(args.rounds), "--processes",
+               str(args.processes), "--devices", str(args.devices), "--mesh", args.mesh, "--child", directory]
+    try:
+        procs = [subprocess.Popen(command, env={**os.environ, **env, job.INDEX: str(i)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(args.processes)]
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if any(p.returncode for p in procs):
+        for p, (_, err) in zip(procs, outs):
+            print(f"process exited {p.returncode}\n{err[-2000:]}", file=sys.stderr)
+        sys.exit(1)
+    rows = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    mib = 2**20
+    print(f"{args.program}: {args.processes} processes x {args.devices} devices, mesh {args.mesh}, checkpoint "
+          f"{rows[0]['checkpoint_bytes'] / mib:.1f} MiB")
+    print(f"{'process':<9}{'wrote MiB':>11}{'share':>8}{'save ms':>9}{'load ms':>9}{'save peak MiB':>15}"
+          f"{'load peak MiB':>15}{'gathered MiB':>14}")
+    for r in rows:
+        print(f"{r['process']:<9}{r['written_bytes'] / mib:>11.2f}{r['written_bytes'] / r['checkpoint_bytes']:>8.2f}"
+              f"{r['save_s'] * 1e3:>9.1f}{r['load_s'] * 1e3:>9.1f}{r['save_peak_bytes'] / mib:>15.2f}"
+              f"{r['load_peak_bytes'] / mib:>15.2f}{r['gather_peak_bytes'] / mib:>14.2f}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sharded.json").write_text(json.dumps({"program": args.program, "rows": rows}, indent=2))
+    print(f"wrote {out / 'sharded.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--program", default="programs/gpt.py")
     parser.add_argument("--backends", default="eager,jax")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="bench/results/checkpoint")
+    parser.add_argument("--processes", type=int, default=1, help="> 1: a sharded save and load by a jax job")
+    parser.add_argument("--devices", type=int, default=2, help="devices per process (with --processes)")
+    parser.add_argument("--mesh", default="data=1,model=4", help="the mesh (with --processes)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child and args.processes > 1:
+        print(json.dumps(sharded_child(args.program, args.processes, args.devices, args.mesh, args.rounds,
+                                       args.child)))
+        return
     if args.child:
         print(json.dumps(child(args.program, args.child, args.rounds)))
+        return
+    if args.processes > 1:
+        sharded(args)
         return
     rows = []
     for backend in args.backends.split(","):

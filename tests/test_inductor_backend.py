@@ -111,7 +111,8 @@ def test_each_rank_takes_its_share_of_every_micro_batch():
 def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp_path):
     """eager (1 process) -> inductor on 4 processes under torchrun (data=2 x model=2: FSDP2's hybrid mode with
     DTensor tensor parallelism, AdamW, a new lr every step, accumulation, clipping) -> eager again. The optimizer
-    state crosses both ways as full arrays under the eager names; losses follow an uninterrupted eager run."""
+    state crosses both ways under the eager names; the ranks write their own pieces (each slice once); losses
+    follow an uninterrupted eager run."""
     program_file, program = _adamw_mlp(tmp_path)
     reference = run(program, "eager-cpu", RunOptions(steps=8, warmup=1)).losses
     first, second = tmp_path / "ck1", tmp_path / "ck2"
@@ -131,9 +132,17 @@ def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp
     assert out["spec"] == "(data: R)" and out["shard_shapes"] == [[10, 256]] * 4
     written = checkpoint.load(checkpoint.locate(second), program, allow_config_change=True)
     eager_state = checkpoint.load(checkpoint.locate(first), program).train
-    assert sorted(written.train) == sorted(eager_state)            # the eager names, full arrays
+    assert sorted(written.train) == sorted(eager_state)            # the eager names, global shapes
     assert all(written.train[k].shape == eager_state[k].shape for k in eager_state)
-    assert int(written.train["loop/updates"]) == 6
+    assert int(np.asarray(written.train["loop/updates"])) == 6
+    # fc1 split over 'model': half in rank 0's file, half in rank 1's; out (replicated over data): once, by rank 0;
+    # ranks 2 and 3 hold only replicas of what ranks 0 and 1 wrote
+    layout = written.manifest["layout"]
+    assert [(p["file"], p["start"]) for p in layout["model"]["fc1.weight"]["pieces"]] == [
+        ("model-00000-of-00004.safetensors", [0, 0]), ("model-00001-of-00004.safetensors", [128, 0])]
+    assert [p["file"] for p in layout["model"]["out.weight"]["pieces"]] == ["model-00000-of-00004.safetensors"]
+    assert sorted(written.manifest["files"]) == [f"{k}-0000{r}-of-00004.safetensors" for k in ("model", "train")
+                                                 for r in (0, 1)]
     proc = run_cli("run", str(program_file), "--steps", "8", "--warmup", "1", "--resume", str(second),
                    "--format", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]

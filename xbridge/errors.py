@@ -44,6 +44,10 @@ class RunError(XBridgeError):
     exit_code = 1
 
 
+class NonFinite(RunError):
+    """A checkpoint piece about to be written holds NaN or Inf (the checkpoint writer names the step it refused)."""
+
+
 class LoweringError(XBridgeError):
     """A backend cannot lower something in the program (an operator, a construct). Names the op and module."""
 

@@ -298,16 +298,17 @@ class TrainStep:
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def export_state(self) -> dict[str, np.ndarray]:
+    def export_state(self, convert: Callable[[torch.Tensor], Any] = tensor_to_numpy) -> dict[str, Any]:
         """Everything besides the weights that the next step depends on, as numpy under the checkpoint names
         (xbridge/checkpoint.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
-        float32), ``loop/updates`` for the schedule's count, ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
+        float32; ``convert`` makes each: a full array by default), ``loop/updates`` for the schedule's count,
+        ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
         names = {id(p): n for n, p in self.model.named_parameters()}
-        out: dict[str, np.ndarray] = {"loop/updates": np.array(self.updates, dtype=np.int64)}
+        out: dict[str, Any] = {"loop/updates": np.array(self.updates, dtype=np.int64)}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    out[f"optim/{names[id(param)]}/{key}"] = tensor_to_numpy(value)
+                    out[f"optim/{names[id(param)]}/{key}"] = convert(value)
         if self.scaler is not None:
             scaler = self.scaler.state_dict()
             out["scaler/scale"] = np.array(scaler["scale"], dtype=np.float32)

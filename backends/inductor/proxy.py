@@ -182,6 +182,14 @@ class DistributedExecutable(Executable):
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         self._call("load_training_state", state)
 
+    def checkpoint_parts(self) -> Callable[[Path], list[dict[str, Any]]] | None:
+        """Each rank writes its own pieces into the checkpoint's folder (backends/inductor/pieces.py)."""
+        def write(tmp: Path) -> list[dict[str, Any]]:
+            first, others = self._call("write_checkpoint_part", str(tmp))
+            return [first, *others]
+
+        return write if self.plan.devices > 1 else None
+
     def nonfinite_grads(self) -> list[str]:
         return self._call("nonfinite_grads")[0]
 

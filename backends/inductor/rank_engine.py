@@ -27,6 +27,7 @@ from xbridge.run.feed import Feed
 from xbridge.run.rng import rng_rows
 
 from .._torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp32, per_item, tensor_to_numpy
+from . import pieces
 from .executable import InductorExecutable
 from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
 
@@ -202,6 +203,10 @@ class RankEngine(InductorExecutable):
                 seen[id(value)] = tensor_to_numpy(value)
             out[name] = seen[id(value)]
         return out
+
+    def write_checkpoint_part(self, tmp: str) -> dict[str, Any]:
+        """This rank's pieces of a sharded checkpoint, written into the proxy's folder ``tmp`` (no gathering)."""
+        return pieces.write_part(tmp, self.rank, self.world, self.model, self.train_step, self._gather)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         local = {}

@@ -52,8 +52,11 @@ def rebuild_error(kind: str, message: str, rank: int, call: str) -> Exception:
 
 
 def answer(name: str, result: Any) -> Any:
-    """What a worker sends back: only what rank 0 checks (the loss); rank 0 has every other result itself."""
-    return result["loss"] if name in ("step", "step_at") else None
+    """What a worker sends back: what rank 0 checks (the loss) and what each rank alone has (the part of a
+    sharded checkpoint it wrote); rank 0 has every other result itself."""
+    if name in ("step", "step_at"):
+        return result["loss"]
+    return result if name == "write_checkpoint_part" else None
 
 
 def error_message(exc: BaseException) -> tuple[str, str, str]:

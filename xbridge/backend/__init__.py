@@ -128,6 +128,12 @@ class Executable(ABC):
         values) and the ``shards.Group`` they save as."""
         return self.state_dict(), self.training_state(), None
 
+    def checkpoint_parts(self) -> Callable[[Path], list[dict[str, Any]]] | None:
+        """None: checkpoints are written from :meth:`checkpoint_state`. A backend whose state lives in other
+        processes it drives (inductor's ranks) returns ``write(folder)``, which makes each of them write its own
+        pieces into ``folder`` (``xbridge.run.shards.write_part``) and returns their parts, in process order."""
+        return None
+
     @abstractmethod
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         """After :meth:`init`: continue from ``state`` (from :meth:`training_state` of any backend), sharding it

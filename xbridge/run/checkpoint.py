@@ -41,13 +41,14 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, RunError
+from ..errors import CheckpointError, NonFinite, RunError
 from ..ir import serialize
 from ..ir.program import Program
 from . import shards
@@ -122,7 +123,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, data: bytes) -> dict[str, Any]:
+def write_file(path: Path, data: bytes) -> dict[str, Any]:
     with open(path, "xb") as handle:
         handle.write(data)
         handle.flush()
@@ -214,8 +215,14 @@ class Writer:
     def _refuse(self, step: int, model: dict[str, Any], train: dict[str, Any]) -> Path:
         bad = _first_nonfinite(model) or _first_nonfinite(train)
         if bad is not None:
-            kept = f"; the last good checkpoint is {self.last}" if self.last else ""
-            raise RunError(f"not saving step {step}: {bad!r} holds NaN or Inf{kept}")
+            raise self._not_saving(step, f"{bad!r} holds NaN or Inf")
+        return self._final(step)
+
+    def _not_saving(self, step: int, why: str) -> RunError:
+        kept = f"; the last good checkpoint is {self.last}" if self.last else ""
+        return RunError(f"not saving step {step}: {why}{kept}")
+
+    def _final(self, step: int) -> Path:
         final = step_dir(self.directory, step)
         if final.exists():
             raise CheckpointError(f"checkpoint {str(final)!r} already exists; it is not overwritten")
@@ -244,15 +251,15 @@ class Writer:
         tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
         try:
             tmp.mkdir()
-            files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
-            files[TRAIN_FILE] = _write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
+            files = {MODEL_FILE: write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
+            files[TRAIN_FILE] = write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
             manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "files": files,
                         "tensors": {MODEL_FILE: _describe(model), TRAIN_FILE: _describe(train)},
                         "rng": sorted(k for k in train if k.startswith("rng/")),
                         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             text = json.dumps(manifest, indent=2).encode()
-            _write_file(tmp / MANIFEST, text)
-            _write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
+            write_file(tmp / MANIFEST, text)
+            write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
             _fsync_dir(tmp)
             os.rename(tmp, final)
             _fsync_dir(self.directory)
@@ -267,7 +274,7 @@ class Writer:
                       group: shards.Group) -> Path:
         """Every process of ``group`` writes its pieces; process 0 commits once all have (module docstring). A
         process that fails raises and stops; the job's supervisor then stops the others, blocked at a barrier."""
-        final = self._refuse(step, model, train)
+        final = self._final(step)
         group.barrier(f"xbridge-save-{step}-begin")
         if group.index == 0:
             # process 0 holds the directory's lock, so no other run saves here, and this job's processes create
@@ -278,15 +285,19 @@ class Writer:
         tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}-p{group.index}"
         try:
             tmp.mkdir()
-            shards.write_part(tmp, group, model, train, _write_file)
+            part = shards.write_part(tmp, group, model, train, write_file)
+            write_file(tmp / shards.part_record(group.index), json.dumps(part).encode())
             _fsync_dir(tmp)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise self._failed(step, exc) from None
+        except NonFinite as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self._not_saving(step, str(exc)) from None
         group.barrier(f"xbridge-save-{step}-written")
         if group.index == 0:
             try:
-                self._commit(step, tmp, final, info, group.count)
+                self._commit(step, tmp, final, info, self._gather_parts(step, tmp, group.count))
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise self._failed(step, exc) from None
@@ -296,34 +307,57 @@ class Writer:
             self._prune()
         return final
 
-    def _commit(self, step: int, tmp: Path, final: Path, info: dict[str, Any], count: int) -> None:
-        """Process 0: every process's files into ``tmp``, then the manifest and COMMIT, then the rename."""
-        parts, folders = [], []
+    def save_parts(self, step: int, write: Callable[[Path], list[dict[str, Any]]], info: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` from the parts ``write(folder)`` has the backend's processes write into the
+        temporary folder (``Executable.checkpoint_parts``); committed as :meth:`save` commits."""
+        final = self._final(step)
+        self._remove_stale()
+        tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
+        try:
+            tmp.mkdir()
+            parts = write(tmp)
+            self._commit(step, tmp, final, info, parts)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self._failed(step, exc) from None
+        except NonFinite as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self._not_saving(step, str(exc)) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.last = final
+        self._prune()
+        return final
+
+    def _gather_parts(self, step: int, tmp: Path, count: int) -> list[dict[str, Any]]:
+        """Process 0 of a group: every process's part, its files moved into ``tmp``."""
+        parts = []
         for index in range(count):
-            found = list(self.directory.glob(f".tmp-step-{step:08d}-*-p{index}/part-{index:05d}.json"))
+            found = list(self.directory.glob(f".tmp-step-{step:08d}-*-p{index}/{shards.part_record(index)}"))
             if len(found) != 1:
                 raise CheckpointError(f"checkpoint of step {step}: process {index} left {len(found)} parts in "
                                       f"{str(self.directory)!r}, not one")
             parts.append(json.loads(found[0].read_text()))
-            folders.append(found[0].parent)
             found[0].unlink()
-        merged = shards.merge_parts(parts)
-        for folder in folders:
-            if folder != tmp:
-                for file in folder.iterdir():
+            if found[0].parent != tmp:
+                for file in found[0].parent.iterdir():
                     os.rename(file, tmp / file.name)
-        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "processes": count, **merged,
+                found[0].parent.rmdir()
+        return parts
+
+    def _commit(self, step: int, tmp: Path, final: Path, info: dict[str, Any], parts: list[dict[str, Any]]) -> None:
+        """The manifest of every process's ``parts`` (their files in ``tmp``) and COMMIT, then the rename."""
+        merged = shards.merge_parts(parts)
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "processes": len(parts), **merged,
                     "rng": sorted(k for k in merged["layout"]["train"] if k.startswith("rng/")),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         text = json.dumps(manifest, indent=2).encode()
-        _write_file(tmp / MANIFEST, text)
-        _write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
+        write_file(tmp / MANIFEST, text)
+        write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
         _fsync_dir(tmp)
         os.rename(tmp, final)
         _fsync_dir(self.directory)
-        for folder in folders:
-            if folder != tmp:
-                shutil.rmtree(folder, ignore_errors=True)
 
 
 def manifest_info(program: Program, target: str, devices: int, mesh: dict[str, int], step: int,

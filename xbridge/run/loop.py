@@ -354,6 +354,10 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
     def save(done: int) -> None:
         assert writer is not None
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
+        parts = executable.checkpoint_parts()
+        if parts is not None:
+            saved.append(str(writer.save_parts(done, parts, info)))
+            return
         model, train, group = executable.checkpoint_state()
         saved.append(str(writer.save(done, model, train, info, group)))
 

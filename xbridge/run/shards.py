@@ -12,7 +12,6 @@ each checked against its SHA-256.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NonFinite
 
 
 @dataclass
@@ -42,6 +41,11 @@ class Group:
     barrier: Callable[[str], None]
 
 
+def part_record(index: int) -> str:
+    """The file in which process ``index`` describes what it wrote (process 0 reads it, then removes it)."""
+    return f"part-{index:05d}.json"
+
+
 def part_file(kind: str, index: int, count: int) -> str:
     return f"{kind}-{index:05d}-of-{count:05d}.safetensors"
 
@@ -60,15 +64,17 @@ def _digest(array: np.ndarray) -> str:
 
 def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, Any],
                write_file: Callable[[Path, bytes], dict[str, Any]]) -> dict[str, Any]:
-    """Write this process's pieces into ``tmp`` (one file per kind it holds a piece of) and ``part-IIIII.json``
-    describing them; full numpy arrays (the same in every process) are written by process 0 alone."""
+    """Write this process's pieces into ``tmp`` (one file per kind it holds a piece of) and return the part that
+    describes them; full numpy arrays (the same in every process) are written by process 0 alone. A piece holding
+    NaN or Inf is refused (:class:`xbridge.errors.NonFinite`) before anything is written."""
     import safetensors.numpy
 
     part: dict[str, Any] = {"index": group.index, "count": group.count, "files": {}, "tensors": {},
                             "layout": {"model": {}, "train": {}}}
+    held: dict[str, dict[str, np.ndarray]] = {}
     for kind, arrays in (("model", model), ("train", train)):
         file = part_file(kind, group.index, group.count)
-        stored: dict[str, np.ndarray] = {}
+        stored = held.setdefault(file, {})
         for name, value in arrays.items():
             if isinstance(value, Sharded):
                 shape, dtype, pieces = value.shape, value.dtype, value.pieces
@@ -78,15 +84,17 @@ def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, 
             listed: list[dict[str, Any]] = []
             part["layout"][kind][name] = {"dtype": dtype, "shape": list(shape), "pieces": listed}
             for start, array in pieces:
+                if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                    raise NonFinite(f"{name!r} holds NaN or Inf")
                 if str(array.dtype) != dtype:
                     raise ValueError(f"piece of {name!r} is {array.dtype}, the tensor {dtype}")
                 key = piece_key(name, start)
                 stored[key] = _contiguous(array)
                 listed.append({"file": file, "key": key, "start": list(start), "sha256": _digest(array)})
+    for file, stored in held.items():
         if stored:
             part["files"][file] = write_file(tmp / file, safetensors.numpy.save(stored))
             part["tensors"][file] = {k: [str(a.dtype), list(a.shape)] for k, a in stored.items()}
-    write_file(tmp / f"part-{group.index:05d}.json", json.dumps(part).encode())
     return part
 
 
