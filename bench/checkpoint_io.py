@@ -11,9 +11,11 @@ step time measured in the same rounds. Prints a table, writes checkpoint.json.
     .venv/bin/python bench/checkpoint_io.py --processes 2 [--devices 2] [--mesh data=1,model=4]
 
 A sharded save and load by a jax job of P processes on this machine (gloo between the CPU devices): per process,
-the bytes it wrote against the whole checkpoint, and the host memory the save and the load allocated at their peak
-(tracemalloc: numpy's buffers and safetensors' bytes) against the whole state, beside what gathering the state
-into every process (the unsharded ``state_dict`` + ``training_state``) allocates. Writes sharded.json.
+the bytes it wrote against the whole checkpoint, and how far the save and the load raised its resident memory at
+their peak (Linux's VmHWM, reset before each) against the whole checkpoint, beside what gathering the state into
+every process (the unsharded ``state_dict`` + ``training_state``, as checkpoints did before) raises it. The load
+is ``checkpoint.load`` + ``init`` (which builds the torch module, whole, on every process) + the optimizer state.
+Writes sharded.json.
 """
 
 from __future__ import annotations
@@ -68,11 +70,16 @@ def child(program_path: str, backend: str, rounds: int) -> dict:
             "load_over_step": med["load_s"] / med["step_s"], "rounds": rounds}
 
 
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def sharded_child(program_path: str, processes: int, devices: int, mesh: str, rounds: int, directory: str) -> dict:
     """One process of a P-process jax job: two steps, then ``rounds`` of (sharded save, sharded load), each
     measured for time and for its tracemalloc peak; then the gathered state's peak for comparison."""
-    import tracemalloc
-
     from xbridge.backend import registry
     from xbridge.ir.mesh import parse_mesh
     from xbridge.program_file import load_program
@@ -89,25 +96,28 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
     executable = prepared.executable
     for step in range(2):
         executable.step(program.data.batch(step, program.seed))
-    writer = checkpoint.Writer(Path(directory), keep=1, start_step=0)
-    if index == 0:
-        writer.lock()
-    tracemalloc.start()
-
     def measured(fn):
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
+        """(fn(), seconds, the process's peak resident memory during the call above its resident memory before:
+        Linux's VmHWM, reset by writing 5 to /proc/self/clear_refs)."""
+        Path("/proc/self/clear_refs").write_text("5")
+        base = _status_kib("VmRSS")
         start = time.perf_counter()
         out = fn()
-        return out, time.perf_counter() - start, tracemalloc.get_traced_memory()[1] - base
+        return out, time.perf_counter() - start, (_status_kib("VmHWM") - base) * 1024
 
+    # first, while nothing freed is there to reuse: what every process held when checkpoints gathered the state
+    _, _, gather_peak = measured(lambda: (executable.state_dict(), executable.training_state()))
     save_s, load_s, save_peak, load_peak = [], [], [], []
     path = None
+    info = checkpoint.manifest_info(program, "jax-cpu", total, dict(prepared.plan.mesh), 2, {})
     for i in range(rounds):
-        info = checkpoint.manifest_info(program, "jax-cpu", total, dict(prepared.plan.mesh), 2 + i, {})
-        def save(step=2 + i, info=info):
+        writer = checkpoint.Writer(Path(directory) / f"round{i}", keep=1, start_step=0)    # step 2 each round
+        if index == 0:
+            writer.lock()
+
+        def save(writer=writer):
             model, train, group = executable.checkpoint_state()
-            return writer.save(step, model, train, info, group)
+            return writer.save(2, model, train, info, group)
 
         path, seconds, peak = measured(save)
         save_s.append(seconds)
@@ -121,8 +131,6 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
         _, seconds, peak = measured(load)
         load_s.append(seconds)
         load_peak.append(peak)
-    _, _, gather_peak = measured(lambda: (executable.state_dict(), executable.training_state()))
-    tracemalloc.stop()
     assert path is not None
     manifest = json.loads((path / checkpoint.MANIFEST).read_text())
     mine = f"-{index:05d}-of-"
@@ -131,7 +139,8 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
             "written_bytes": sum(f["bytes"] for n, f in manifest["files"].items() if mine in n),
             "save_s": float(np.median(save_s)), "load_s": float(np.median(load_s)),
             "save_peak_bytes": int(max(save_peak)), "load_peak_bytes": int(max(load_peak)),
-            "gather_peak_bytes": int(gather_peak), "rounds": rounds}
+            "gather_peak_bytes": int(gather_peak), "save_peaks": save_peak, "load_peaks": load_peak,
+            "rounds": rounds}
 
 
 def sharded(args: argparse.Namespace) -> None:

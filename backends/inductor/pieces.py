@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from xbridge.errors import RunError
-from xbridge.run import checkpoint, shards
+from xbridge.run import shards
 
 from .._torch.train import TrainStep, tensor_to_numpy
 
@@ -49,4 +49,4 @@ def write_part(tmp: str, rank: int, world: int, model: torch.nn.Module, train_st
             if isinstance(value, shards.Sharded):
                 value.pieces = [(s, a) for s, a in value.pieces if first[kind, name, s] == rank]
     group = shards.Group(rank, world, lambda name: None)    # the proxy collects the parts: no barrier needed
-    return shards.write_part(Path(tmp), group, state["model"], state["train"], checkpoint.write_file)
+    return shards.write_part(Path(tmp), group, state["model"], state["train"])

@@ -482,7 +482,7 @@ class JaxExecutable(Executable):
 
         def pieces(leaf: jax.Array, dtype: Any) -> Sharded:
             held = [(tuple(s.indices(n)[0] for s, n in zip(shard.index, leaf.shape)),
-                     np.asarray(shard.data).astype(dtype))
+                     np.asarray(shard.data).astype(dtype, copy=False))     # on CPU: a view of the device buffer
                     for shard in leaf.addressable_shards if shard.replica_id == 0]
             return Sharded(tuple(leaf.shape), str(np.dtype(dtype)), held)
 

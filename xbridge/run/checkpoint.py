@@ -285,7 +285,7 @@ class Writer:
         tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}-p{group.index}"
         try:
             tmp.mkdir()
-            part = shards.write_part(tmp, group, model, train, write_file)
+            part = shards.write_part(tmp, group, model, train)
             write_file(tmp / shards.part_record(group.index), json.dumps(part).encode())
             _fsync_dir(tmp)
         except OSError as exc:

@@ -11,8 +11,10 @@ each checked against its SHA-256.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,16 +61,28 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(_contiguous(array).tobytes()).hexdigest()
+    return hashlib.sha256(_contiguous(array).data).hexdigest()
 
 
-def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, Any],
-               write_file: Callable[[Path, bytes], dict[str, Any]]) -> dict[str, Any]:
+def write_tensors(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A new safetensors file (never an existing one) of ``arrays``, fsynced; its size and SHA-256. safetensors'
+    ``save_file`` writes straight from the arrays' memory (no serialized copy of the file is held, as ``save``
+    would hold one), and the digest is taken by reading the file back in chunks."""
+    import safetensors.numpy
+
+    if path.exists():
+        raise FileExistsError(errno.EEXIST, "File exists", str(path))
+    safetensors.numpy.save_file(arrays, str(path))
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"bytes": path.stat().st_size, "sha256": digest}
+
+
+def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
     """Write this process's pieces into ``tmp`` (one file per kind it holds a piece of) and return the part that
     describes them; full numpy arrays (the same in every process) are written by process 0 alone. A piece holding
     NaN or Inf is refused (:class:`xbridge.errors.NonFinite`) before anything is written."""
-    import safetensors.numpy
-
     part: dict[str, Any] = {"index": group.index, "count": group.count, "files": {}, "tensors": {},
                             "layout": {"model": {}, "train": {}}}
     held: dict[str, dict[str, np.ndarray]] = {}
@@ -93,7 +107,7 @@ def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, 
                 listed.append({"file": file, "key": key, "start": list(start), "sha256": _digest(array)})
     for file, stored in held.items():
         if stored:
-            part["files"][file] = write_file(tmp / file, safetensors.numpy.save(stored))
+            part["files"][file] = write_tensors(tmp / file, stored)
             part["tensors"][file] = {k: [str(a.dtype), list(a.shape)] for k, a in stored.items()}
     return part
 
