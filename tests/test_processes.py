@@ -144,3 +144,58 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path, kill
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [p.name for p in sorted(ck.glob("step-*"))] == ["step-00000002", "step-00000004"]
     assert not list(ck.glob(".tmp-*"))
+
+
+def _child(parent, index):
+    """The pid of the supervised process ``index`` of the supervisor ``parent`` (from /proc)."""
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and f"JAX_PROCESS_ID={index}".encode() in env:
+            return int(entry.name)
+    raise AssertionError(f"no process {index} under {parent}")
+
+
+def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
+    """SIGINT to process 1 alone (as a Ctrl-C can reach the processes at different points of a step): after the
+    step in flight the processes agree to stop there, write that step's checkpoint together and exit 130 (without
+    the agreement, process 1 would wait alone in the save for process 0, which went on to the next step); the one
+    error line, process 0's, says where to resume, and the checkpoint loads."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+    from xbridge.program_file import load_program
+    from xbridge.run import checkpoint
+
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
+                             "--processes", "2", "--devices", "2", *SHARDED, "--steps", "100000",
+                             "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60"})
+    try:
+        deadline = time.monotonic() + 300
+        while not any(step >= 3 for step, _ in checkpoint.list_checkpoints(ck)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no third checkpoint"
+            time.sleep(0.02)
+        os.kill(_child(proc.pid, "1"), signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    error = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "interrupted after step " in error[0] and "--resume" in error[0], stderr
+    step = int(error[0].split("interrupted after step ")[1].split()[0])
+    assert checkpoint.load(checkpoint.locate(ck), load_program(str(PROGRAMS / "mlp.py"))).step == step
+    assert not list(ck.glob(".tmp-*"))

@@ -471,6 +471,13 @@ class JaxExecutable(Executable):
                                                                  dtype=np.int32))
         self.state = jax.device_put(loaded, self.state_shardings)
 
+    def any_process(self, flag: bool) -> bool:
+        if self.processes == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
         """One process: full arrays. Several: each process's pieces (its devices' shards, a replicated one by the
         replica numbered 0 only), nothing gathered, and the processes' barrier."""

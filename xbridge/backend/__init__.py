@@ -128,6 +128,11 @@ class Executable(ABC):
         values) and the ``shards.Group`` they save as."""
         return self.state_dict(), self.training_state(), None
 
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` is true in any process of a job spread over several (a collective every process calls
+        at the same point; the run loop asks it after each step whether Ctrl-C was pressed). One process: ``flag``."""
+        return flag
+
     def checkpoint_parts(self) -> Callable[[Path], list[dict[str, Any]]] | None:
         """None: checkpoints are written from :meth:`checkpoint_state`. A backend whose state lives in other
         processes it drives (inductor's ranks) returns ``write(folder)``, which makes each of them write its own

@@ -375,10 +375,13 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
                     board.eval(evaluator.records[-1])
             if writer is None:
                 return
+            requested = interrupt["requested"]
+            if processes.this_process()[1] > 1:     # the processes saw Ctrl-C at different points: all stop here
+                requested = interrupt["requested"] = executable.any_process(requested)
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
-            if due or done == options.steps or interrupt["requested"]:
+            if due or done == options.steps or requested:
                 save(done)
-            if interrupt["requested"] and done < options.steps:
+            if requested and done < options.steps:
                 raise Interrupted(f"interrupted after step {done} of {options.steps}; checkpoint {saved[-1]} "
                                   f"written (continue with --resume {options.checkpoint_dir})")
 

@@ -159,8 +159,10 @@ def start(count: int, argv: list[str]) -> int:
             with contextlib.ExitStack() as files:
                 out = None if index == 0 else files.enter_context(open(logs / f"process{index}.out", "wb"))
                 err = None if index == 0 else files.enter_context(open(logs / f"process{index}.log", "wb"))
+                # each in its own process group: a Ctrl-C at the terminal reaches this supervisor alone, which
+                # passes exactly one SIGINT to each (a second one would abort the final checkpoint)
                 procs.append(subprocess.Popen([sys.executable, "-m", "xbridge", *argv], env=env, stdout=out,
-                                              stderr=err))
+                                              stderr=err, process_group=0))
         failed: list[int] = []          # in the order their failures were seen
         deadline: float | None = None
         while any(p.poll() is None for p in procs):
