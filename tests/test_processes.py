@@ -5,6 +5,7 @@ dies or hangs named; checkpoints written by several processes resumed elsewhere.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -199,3 +200,22 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
     step = int(error[0].split("interrupted after step ")[1].split()[0])
     assert checkpoint.load(checkpoint.locate(ck), load_program(str(PROGRAMS / "mlp.py"))).step == step
     assert not list(ck.glob(".tmp-*"))
+
+
+def test_a_long_compile_keeps_saying_so(tmp_path, monkeypatch):
+    """processes.beating: while a step compiles (work that waits on no other process), the heartbeat is written
+    again every timeout/4 s, so a compile longer than XBRIDGE_DIST_TIMEOUT is not taken for a hang; it stops with
+    the block. (By hand, 2026-12-01: a 30 s trace under XBRIDGE_DIST_TIMEOUT=20 ran to the end; before, the job was
+    stopped as `made no progress for 20 s (...; it was in step 0)`.)"""
+    from xbridge.run import processes
+
+    heartbeat = tmp_path / "beat"
+    monkeypatch.setenv(processes.HEARTBEAT, str(heartbeat))
+    monkeypatch.setenv(processes.TIMEOUT, "0.4")
+    with processes.beating("compiling the step"):
+        heartbeat.unlink()
+        time.sleep(0.35)
+        assert heartbeat.read_text() == "compiling the step"      # written again while the block ran
+    heartbeat.unlink()
+    time.sleep(0.3)
+    assert not heartbeat.exists()

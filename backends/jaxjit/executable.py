@@ -27,6 +27,7 @@ from xbridge.errors import BackendUnavailable, ConfigError, LoweringError
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
+from xbridge.run import processes
 from xbridge.run.profile import STEP_MARK
 from xbridge.run.rng import rng_rows
 
@@ -103,6 +104,7 @@ class JaxExecutable(Executable):
         self.tx = optimizers.direction(program.optimizer)
         self._bad_grads: jax.Array | None = None
         self.processes = jax.process_count()    # > 1: the mesh spans several processes (--processes)
+        self._compiled = False
         self._local: tuple[BatchCheck, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ state
@@ -406,13 +408,26 @@ class JaxExecutable(Executable):
                     return loss if count is None else loss / _nonzero(count)
 
             self._eval = jax.jit(loss_in_eval_mode, out_shardings=self.replicated)
+            first = True
+        else:
+            first = False
+        args = (self.state["params"], self.state["buffers"], self._placed(batch))
         with matmul_precision(self.program.precision.compute):
-            return float(self._eval(self.state["params"], self.state["buffers"], self._placed(batch)))
+            if first and self.processes > 1:     # as the step: compiled ahead, saying so to the supervisor
+                with processes.beating("compiling the evaluation"):
+                    self._eval.lower(*args).compile()
+            return float(self._eval(*args))
 
     def step(self, batch: Any) -> dict[str, float]:
         device_batch = self._placed(batch)
         self._last_batch = device_batch
         with matmul_precision(self.program.precision.compute):
+            if self.processes > 1 and not self._compiled:
+                # compiled ahead of the call (which then finds it compiled) while saying so to the supervisor: a
+                # long first compile is not a hang, and a compile waits on no other process
+                with processes.beating("compiling the step"):
+                    self.jitted.lower(self.state, device_batch).compile()
+                self._compiled = True
             self.state, metrics = self.jitted(self.state, device_batch)
         self._bad_grads = metrics["bad_grads"]
         # float() waits for the device

@@ -19,7 +19,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,31 @@ def beat(what: str) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(what)
+
+
+@contextlib.contextmanager
+def beating(what: str) -> Iterator[None]:
+    """While the block runs, say ``what`` again every few seconds: for local work that may outlast the progress
+    timeout and cannot wait on another process (compiling a step), so that a long compile is not taken for a hang.
+    Nothing unless an xbridge supervisor started this process."""
+    if not os.environ.get(HEARTBEAT):
+        yield
+        return
+    done = threading.Event()
+    interval = min(5.0, timeout_s() / 4)
+
+    def keep_beating() -> None:
+        while not done.wait(interval):
+            beat(what)
+
+    beat(what)
+    thread = threading.Thread(target=keep_beating, name="xbridge-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def timeout_s() -> float:
