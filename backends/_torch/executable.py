@@ -13,7 +13,6 @@ import torch
 
 from xbridge import hints
 from xbridge.backend import on_host
-from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
@@ -42,11 +41,12 @@ class TorchExecutable(TorchTrainState):
         """Hook: the train step over ``model`` (inductor compiles it)."""
         return TrainStep(self.program, model, self.device)
 
+    def scan_layers(self, model: torch.nn.Module) -> None:
+        """Hook: ``StepOptions(scan_layers=True)``; eager runs the model's own loop (inductor: one compile region)."""
+
     def init(self, weights: dict[str, np.ndarray]) -> None:
-        if self.program.step.scan_layers and self.compiler() is not None:
-            raise ConfigError("StepOptions scan_layers is not available on inductor yet (jax scans the layers; eager "
-                              "runs its loop); use scan_layers=False here")
         model = build_model(self.program, weights, self.device)
+        self.scan_layers(model)         # before remat: a recomputed layer recomputes what scan_layers made of it
         remat.apply(model, self.program, remat.torch_checkpoint(self.program.step.remat))
         self.model = self.prepare_model(model)
         self.train_step = self.make_train_step(self.model)

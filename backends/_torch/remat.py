@@ -25,7 +25,7 @@ from xbridge.ir.program import Program
 
 from . import portable_rng
 
-__all__ = ["Checkpoint", "apply", "find_layers", "refuse_running_statistics", "torch_checkpoint"]
+__all__ = ["Checkpoint", "apply", "find_layers", "refuse_different", "refuse_running_statistics", "torch_checkpoint"]
 
 # (fn, tensors) -> fn(*tensors), with fn's intermediate values recomputed in the backward pass
 Checkpoint = Callable[[Callable[..., Any], Sequence[torch.Tensor]], Any]
@@ -63,6 +63,20 @@ def refuse_running_statistics(path: str, layers: torch.nn.ModuleList) -> None:
             raise ConfigError(f"StepOptions remat/scan_layers: {path}.{name} is a {type(module).__name__} that updates "
                               "its running statistics in the forward pass, which a recomputed or scanned layer would "
                               "get wrong; turn them off or name other layers with StepOptions(layers=...)")
+
+
+def _signature(layer: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    return [(n, tuple(t.shape), t.dtype) for n, t in [*layer.named_parameters(), *layer.named_buffers()]]
+
+
+def refuse_different(path: str, layers: torch.nn.ModuleList, what: str) -> None:
+    """``scan_layers`` runs one layer's code for all of them: each must be of the first one's class, with the same
+    parameters and buffers (names, shapes, dtypes)."""
+    first = _signature(layers[0])
+    for i, layer in enumerate(layers):
+        if type(layer) is not type(layers[0]) or _signature(layer) != first:
+            raise ConfigError(f"StepOptions scan_layers: {path}.{i} differs from {path}.0 in its class, parameters or "
+                              f"buffers (names, shapes, dtypes); {what} needs identical layers")
 
 
 def apply(model: torch.nn.Module, program: Program, checkpoint: Checkpoint) -> str | None:

@@ -18,6 +18,7 @@ from xbridge.planner import ShardingPlan
 
 from .._torch.executable import TorchExecutable
 from .._torch.train import TrainStep
+from . import regions
 
 
 def compiled_graphs() -> int:
@@ -55,6 +56,11 @@ class InductorExecutable(TorchExecutable):
     def compiler(self) -> Callable[[Callable], Callable]:
         mode = None if self.mode == "default" else self.mode
         return lambda fn: torch.compile(fn, mode=mode)
+
+    scanned: str | None = None     # the path of the layers made one compile region
+
+    def scan_layers(self, model: torch.nn.Module) -> None:
+        self.scanned = regions.apply(model, self.program)
 
     def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.

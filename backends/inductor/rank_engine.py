@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from xbridge import hints
 from xbridge.data import contract
 from xbridge.data.contract import BatchCheck
-from xbridge.errors import LoweringError
+from xbridge.errors import ConfigError, LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.run.feed import Feed
@@ -132,6 +132,11 @@ class RankEngine(InductorExecutable):
         roles = self.roles
         if roles.model is not None:
             self.tensor_parallel = tensor_parallel(model, self.plan, self.mesh, roles.model)
+            split = [m for m in self.tensor_parallel if self.scanned and m.startswith(self.scanned + ".")]
+            if split:
+                raise ConfigError(f"StepOptions scan_layers is not available on inductor with {split[0]!r} split over "
+                                  f"mesh axis {roles.model!r} (DTensor): torch 2.9's nested compile region fails on "
+                                  "it; use scan_layers=False, or a mesh without that axis")
         apply_batch_axis(model, self.plan, roles, self.mesh)
         self.batch_group: dist.ProcessGroup | None = None
         if roles.batch is not None:

@@ -30,11 +30,7 @@ from torchax import interop
 from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 
-from .._torch.remat import find_layers, refuse_running_statistics
-
-
-def _signature(layer: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    return [(n, tuple(t.shape), t.dtype) for n, t in [*layer.named_parameters(), *layer.named_buffers()]]
+from .._torch.remat import find_layers, refuse_different, refuse_running_statistics
 
 
 def apply(model: torch.nn.Module, program: Program) -> str | None:
@@ -47,11 +43,7 @@ def apply(model: torch.nn.Module, program: Program) -> str | None:
                           "layer would draw the same bits; use rng='native' or scan_layers=False")
     path, layers = find_layers(model, program.step.layers)
     refuse_running_statistics(path, layers)
-    first = _signature(layers[0])
-    for i, layer in enumerate(layers):
-        if type(layer) is not type(layers[0]) or _signature(layer) != first:
-            raise ConfigError(f"StepOptions scan_layers: {path}.{i} differs from {path}.0 in its class, parameters or "
-                              "buffers (names, shapes, dtypes); a scan needs identical layers")
+    refuse_different(path, layers, "a scan")
     if len(layers) < 2:
         return path
     _Scan(path, layers)
