@@ -25,7 +25,8 @@ from xbridge.ir.program import Program
 
 from . import portable_rng
 
-__all__ = ["Checkpoint", "apply", "find_layers", "refuse_different", "refuse_running_statistics", "torch_checkpoint"]
+__all__ = ["Checkpoint", "apply", "find_layers", "refuse_different", "refuse_running_statistics",
+           "scanned_layers", "torch_checkpoint"]
 
 # (fn, tensors) -> fn(*tensors), with fn's intermediate values recomputed in the backward pass
 Checkpoint = Callable[[Callable[..., Any], Sequence[torch.Tensor]], Any]
@@ -69,14 +70,31 @@ def _signature(layer: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch
     return [(n, tuple(t.shape), t.dtype) for n, t in [*layer.named_parameters(), *layer.named_buffers()]]
 
 
-def refuse_different(path: str, layers: torch.nn.ModuleList, what: str) -> None:
+def refuse_different(path: str, layers: torch.nn.ModuleList) -> None:
     """``scan_layers`` runs one layer's code for all of them: each must be of the first one's class, with the same
     parameters and buffers (names, shapes, dtypes)."""
     first = _signature(layers[0])
     for i, layer in enumerate(layers):
         if type(layer) is not type(layers[0]) or _signature(layer) != first:
             raise ConfigError(f"StepOptions scan_layers: {path}.{i} differs from {path}.0 in its class, parameters or "
-                              f"buffers (names, shapes, dtypes); {what} needs identical layers")
+                              "buffers (names, shapes, dtypes); scan_layers runs one layer's code for all of them "
+                              "and needs identical layers")
+
+
+def scanned_layers(model: torch.nn.Module, program: Program, backend: str,
+                   unit: str) -> tuple[str, torch.nn.ModuleList] | None:
+    """The layers ``StepOptions(scan_layers=True)`` names, checked for what every backend's scan refuses; None when
+    scan_layers is off. ``unit``: what the backend traces once (a scanned layer, one compile region)."""
+    if not program.step.scan_layers:
+        return None
+    if program.step.rng == "portable":
+        raise ConfigError(f"StepOptions scan_layers with rng='portable' is not available on {backend}: the portable "
+                          f"generator numbers its draws while tracing, and {unit} is traced once, so every layer "
+                          "would draw the same bits; use rng='native' or scan_layers=False")
+    path, layers = find_layers(model, program.step.layers)
+    refuse_running_statistics(path, layers)
+    refuse_different(path, layers)
+    return path, layers
 
 
 def apply(model: torch.nn.Module, program: Program, checkpoint: Checkpoint) -> str | None:

@@ -22,7 +22,7 @@ import torch
 from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 
-from .._torch.remat import find_layers, refuse_different, refuse_running_statistics
+from .._torch.remat import scanned_layers
 
 _regions: dict[Callable[..., Any], Callable[..., Any]] = {}     # a layer class's forward -> its one region
 
@@ -35,13 +35,9 @@ def apply(model: torch.nn.Module, program: Program) -> str | None:
         raise ConfigError(f"StepOptions scan_layers with remat={program.step.remat!r} is not available on inductor: "
                           "torch 2.9's torch.utils.checkpoint around a nested compile region gave wrong gradients "
                           "(full) or failed (dots) when measured; use one of them here (jax takes both)")
-    if program.step.rng == "portable":
-        raise ConfigError("StepOptions scan_layers with rng='portable' is not available on inductor: the portable "
-                          "generator numbers its draws while tracing, and the layers' region is traced once, so every "
-                          "layer would draw the same bits; use rng='native' or scan_layers=False")
-    path, layers = find_layers(model, program.step.layers)
-    refuse_running_statistics(path, layers)
-    refuse_different(path, layers, "one compile region")
+    found = scanned_layers(model, program, "inductor", "the layers' compile region")
+    assert found is not None
+    path, layers = found
     forward = type(layers[0]).forward
     region = _regions.get(forward)
     if region is None:

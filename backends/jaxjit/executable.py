@@ -33,7 +33,7 @@ from xbridge.run.rng import rng_rows
 
 from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
-from . import ops, optimizers, remat, scan
+from . import ops, optimizers, pieces, remat, scan
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
@@ -80,6 +80,10 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
             raise ValueError("int64 values do not fit in int32 (JAX runs without x64)")
         return array.astype(np.int32)
     return array
+
+
+def _full(value: Any, dtype: Any) -> np.ndarray:
+    return np.asarray(value).astype(dtype)
 
 
 TORCHAX_ATTENTION = "math (torchax reference, XLA)"   # torchax 0.0.13's only lowering of attention
@@ -132,11 +136,14 @@ class JaxExecutable(Executable):
         for name in self.lowered.param_names:
             aliases = [n for n, c in self.lowered.canonical.items() if c == name]
             self.specs[name] = next((planned[n] for n in [name, *aliases] if n in planned), ())
-        params = {n: self._place(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), float_dtype)
+        def cast(value: np.ndarray) -> np.ndarray:
+            return to_jax_dtype(value, float_dtype)
+
+        params = {n: pieces.placed(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), cast)
                   for n in self.lowered.param_names}
         # buffers (and frozen parameters, which torchax keeps with them) in the params dtype, bf16 too; a
         # non-persistent buffer (not in the state_dict) as the module built it
-        buffers = {n: self._place(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, float_dtype)
+        buffers = {n: pieces.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         opt = self.tx.init({n: params[n] for n in self.trained})
@@ -151,15 +158,6 @@ class JaxExecutable(Executable):
         self.batch_sharding = NamedSharding(self.mesh, batch_spec)
         self.batch_spec = batch_spec
         self.jitted = self._build()
-
-    def _place(self, source: Any, sharding: jax.sharding.Sharding, float_dtype: Any = None) -> jax.Array:
-        """A global array from ``source`` (numpy, or a sharded checkpoint's tensor): each of this process's devices
-        gets its slice, read on its own; floating values in ``float_dtype`` (None: keep the dtype)."""
-        def read(index: Any) -> np.ndarray:
-            value = np.asarray(source[index])
-            return to_jax_dtype(value, float_dtype) if float_dtype is not None else value
-
-        return jax.make_array_from_callback(tuple(source.shape), sharding, read)
 
     def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
                               float_dtype: Any) -> list[str]:
@@ -443,15 +441,18 @@ class JaxExecutable(Executable):
         return multihost_utils.process_allgather(tree, tiled=True)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        params = self._host(self.state["params"])
-        buffers = self._host(self.state["buffers"])
+        host = self._host({"params": self.state["params"], "buffers": self.state["buffers"]})
+        return self._model_state(host["params"], host["buffers"], _full)
+
+    def _model_state(self, params: Any, buffers: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        """Parameters and buffers under the eager names, each ``convert(value, dtype)``: floating ones in float32,
+        the others in the dtype they came in."""
         out = {}
         for name in self.names:
             canonical = self.lowered.canonical.get(name)
             value = params[canonical] if canonical is not None else buffers[name]
-            value = np.asarray(value)
-            floating = np.issubdtype(value.dtype, np.floating) or value.dtype == jnp.bfloat16
-            out[name] = value.astype(np.float32) if floating else value.astype(self.dtypes[name])
+            floating = jnp.issubdtype(value.dtype, jnp.floating)
+            out[name] = convert(value, np.float32 if floating else self.dtypes[name])
         return out
 
     def _eager_names(self) -> dict[str, str]:
@@ -464,18 +465,23 @@ class JaxExecutable(Executable):
         return out
 
     def training_state(self) -> dict[str, np.ndarray]:
-        host = self._host({k: v for k, v in self.state.items() if k != "params" and k != "buffers"})
-        out = optimizers.export_state(host["opt"], self._eager_names())
-        out["loop/updates"] = np.asarray(host["step"], dtype=np.int64)
+        return self._train_state(self._host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
+                                 _full)
+
+    def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        """The optimizer, the step count and the loss scaler under the checkpoint names, each ``convert(value,
+        dtype)``."""
+        out = optimizers.export_state(state["opt"], self._eager_names(), lambda leaf: convert(leaf, np.float32))
+        out["loop/updates"] = convert(state["step"], np.int64)
         if self.scaling:
-            out["scaler/scale"] = np.asarray(host["scaler"].scale, dtype=np.float32)
-            out["scaler/growth_tracker"] = np.asarray(host["scaler"].growth_tracker, dtype=np.int64)
+            out["scaler/scale"] = convert(state["scaler"].scale, np.float32)
+            out["scaler/growth_tracker"] = convert(state["scaler"].growth_tracker, np.int64)
         return out
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         """Checkpoint arrays (from any backend) into the optimizer state, each device reading its slice of each."""
         def place(value: Any, like: jax.Array) -> jax.Array:
-            return self._place(optimizers.Cast(value, like.dtype), like.sharding)
+            return pieces.placed(optimizers.Cast(value, like.dtype), like.sharding)
 
         loaded = dict(self.state)
         loaded["opt"] = optimizers.import_state(self.state["opt"], state, self._eager_names(), place)
@@ -500,26 +506,10 @@ class JaxExecutable(Executable):
             return super().checkpoint_state()
         from jax.experimental import multihost_utils
 
-        from xbridge.run.shards import Group, Sharded
+        from xbridge.run.shards import Group
 
-        def pieces(leaf: jax.Array, dtype: Any) -> Sharded:
-            held = [(tuple(s.indices(n)[0] for s, n in zip(shard.index, leaf.shape)),
-                     np.asarray(shard.data).astype(dtype, copy=False))     # on CPU: a view of the device buffer
-                    for shard in leaf.addressable_shards if shard.replica_id == 0]
-            return Sharded(tuple(leaf.shape), str(np.dtype(dtype)), held)
-
-        params, buffers = self.state["params"], self.state["buffers"]
-        model = {}
-        for name in self.names:
-            canonical = self.lowered.canonical.get(name)
-            value = params[canonical] if canonical is not None else buffers[name]
-            floating = jnp.issubdtype(value.dtype, jnp.floating)
-            model[name] = pieces(value, np.float32 if floating else self.dtypes[name])
-        train = optimizers.export_state(self.state["opt"], self._eager_names(), lambda leaf: pieces(leaf, np.float32))
-        train["loop/updates"] = pieces(self.state["step"], np.int64)
-        if self.scaling:
-            train["scaler/scale"] = pieces(self.state["scaler"].scale, np.float32)
-            train["scaler/growth_tracker"] = pieces(self.state["scaler"].growth_tracker, np.int64)
+        model = self._model_state(self.state["params"], self.state["buffers"], pieces.held)
+        train = self._train_state(self.state, pieces.held)
         return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
 
     def nonfinite_grads(self) -> list[str]:

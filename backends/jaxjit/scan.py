@@ -30,20 +30,15 @@ from torchax import interop
 from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 
-from .._torch.remat import find_layers, refuse_different, refuse_running_statistics
+from .._torch.remat import scanned_layers
 
 
 def apply(model: torch.nn.Module, program: Program) -> str | None:
     """Make the layers one scan (nothing unless ``program.step.scan_layers``); returns the layers' path."""
-    if not program.step.scan_layers:
+    found = scanned_layers(model, program, "jax", "a scanned layer")
+    if found is None:
         return None
-    if program.step.rng == "portable":
-        raise ConfigError("StepOptions scan_layers with rng='portable' is not available on jax: the portable "
-                          "generator numbers its draws while tracing, and a scanned layer is traced once, so every "
-                          "layer would draw the same bits; use rng='native' or scan_layers=False")
-    path, layers = find_layers(model, program.step.layers)
-    refuse_running_statistics(path, layers)
-    refuse_different(path, layers, "a scan")
+    path, layers = found
     if len(layers) < 2:
         return path
     _Scan(path, layers)

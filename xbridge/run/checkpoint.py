@@ -135,11 +135,10 @@ def _describe(arrays: dict[str, np.ndarray]) -> dict[str, list[Any]]:
     return {name: [str(a.dtype), list(a.shape)] for name, a in arrays.items()}
 
 
-def _first_nonfinite(arrays: dict[str, Any]) -> str | None:
-    """The first tensor holding NaN or Inf (of a sharded one, in the pieces this process holds)."""
-    for name, value in arrays.items():
-        pieces = [a for _, a in value.pieces] if isinstance(value, shards.Sharded) else [value]
-        if any(np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all() for a in pieces):
+def _first_nonfinite(arrays: dict[str, np.ndarray]) -> str | None:
+    """The first tensor holding NaN or Inf (a sharded save checks its pieces in shards.write_part)."""
+    for name, array in arrays.items():
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             return name
     return None
 
@@ -253,16 +252,9 @@ class Writer:
             tmp.mkdir()
             files = {MODEL_FILE: write_file(tmp / MODEL_FILE, safetensors.numpy.save(model))}
             files[TRAIN_FILE] = write_file(tmp / TRAIN_FILE, safetensors.numpy.save(train))
-            manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "files": files,
-                        "tensors": {MODEL_FILE: _describe(model), TRAIN_FILE: _describe(train)},
-                        "rng": sorted(k for k in train if k.startswith("rng/")),
-                        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            text = json.dumps(manifest, indent=2).encode()
-            write_file(tmp / MANIFEST, text)
-            write_file(tmp / COMMIT, f"sha256 {hashlib.sha256(text).hexdigest()}\n".encode())
-            _fsync_dir(tmp)
-            os.rename(tmp, final)
-            _fsync_dir(self.directory)
+            self._publish(step, tmp, final, {**info, "files": files, "tensors": {MODEL_FILE: _describe(model),
+                                                                                 TRAIN_FILE: _describe(train)}},
+                          list(train))
         except OSError as exc:      # disk full, quota, I/O error: nothing half-written stays, the last good one does
             shutil.rmtree(tmp, ignore_errors=True)
             raise self._failed(step, exc) from None
@@ -349,8 +341,13 @@ class Writer:
     def _commit(self, step: int, tmp: Path, final: Path, info: dict[str, Any], parts: list[dict[str, Any]]) -> None:
         """The manifest of every process's ``parts`` (their files in ``tmp``) and COMMIT, then the rename."""
         merged = shards.merge_parts(parts)
-        manifest = {"format": FORMAT, "version": VERSION, "step": step, **info, "processes": len(parts), **merged,
-                    "rng": sorted(k for k in merged["layout"]["train"] if k.startswith("rng/")),
+        self._publish(step, tmp, final, {**info, "processes": len(parts), **merged}, list(merged["layout"]["train"]))
+
+    def _publish(self, step: int, tmp: Path, final: Path, fields: dict[str, Any], train: list[str]) -> None:
+        """The manifest (``fields`` with the format, the step, which RNG states ``train`` holds and the time), then
+        COMMIT, fsyncs, and the rename of ``tmp`` into place."""
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, **fields,
+                    "rng": sorted(k for k in train if k.startswith("rng/")),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         text = json.dumps(manifest, indent=2).encode()
         write_file(tmp / MANIFEST, text)
