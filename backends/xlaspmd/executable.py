@@ -35,7 +35,7 @@ from xbridge.planner import ShardingPlan
 
 from .._torch import remat as shared_remat
 from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
-from . import ops, remat
+from . import ops, remat, scan
 
 _RUNTIME_READY = False
 
@@ -182,9 +182,6 @@ class XlaExecutable(TorchTrainState):
         return xs.mark_sharding_with_gradients(x, self.mesh, self._spec(spec, x.dim()))
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
-        if self.program.step.scan_layers:
-            raise ConfigError(f"StepOptions scan_layers is not available on {self.target} yet (jax scans the layers; "
-                              "eager runs its loop); use scan_layers=False here")
         if self.program.step.attention not in ("auto", "math"):
             raise ConfigError(f"StepOptions attention={self.program.step.attention!r} is not available on "
                               f"{self.target}: torch_xla 2.9 runs scaled_dot_product_attention as XLA operations "
@@ -194,6 +191,7 @@ class XlaExecutable(TorchTrainState):
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
         shared_remat.apply(self.model, self.program, layer_checkpoint)
+        scan.apply(self.model, self.program, str(self.target), self.mode)
         planned = {p.name: p.spec for p in self.plan.params}
         for name, param in self.model.named_parameters():
             xs.mark_sharding(param, self.mesh, planned[name])
