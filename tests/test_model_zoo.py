@@ -96,10 +96,15 @@ def test_llama_in_low_precision_with_tensor_parallel_rules(tmp_path, precision):
 
 
 def test_moe_with_the_experts_split_over_four_devices(tmp_path):
-    """jax only in the suite: xla passes too when run alone (3 of 3), but once, under the load of the whole suite,
-    a top-2 choice near a tie flipped on xla at 4 devices and the run diverged (docs/parity.md)."""
-    record = _parity(tmp_path, f"{ZOO}:moe_sharded", "--backends", "jax-cpu", "--devices", "4")
+    """Each of the 4 ranks holds one of the 4 experts: inductor through transformers' own expert parallelism
+    (AllReduceEP), jax through GSPMD. xla passes too when run alone (3 of 3), but once, under the load of the whole
+    suite, a top-2 choice near a tie flipped on xla at 4 devices and the run diverged (docs/parity.md)."""
+    record = _parity(tmp_path, f"{ZOO}:moe_sharded", "--backends", "inductor-cpu,jax-cpu", "--devices", "4",
+                     "--mesh", "data=1,expert=4")
     assert all(r["devices"] == 4 for r in record["targets"])
+    run = json.loads(next((tmp_path / "parity" / "runs" / "inductor-cpu").rglob("run.json")).read_text())
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+        assert [shape[0] for shape in run["layout"][name]["shard_shapes"]] == [1, 1, 1, 1], run["layout"][name]
 
 
 def test_batchnorm_buffers_are_trained_on_every_backend(tmp_path):

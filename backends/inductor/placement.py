@@ -11,6 +11,8 @@
   tensors, so DTensor's sharding propagation splits that module's computation (a column-parallel Linear computes
   its output features locally, a row-parallel one all-reduces partial sums) while the program's own code between
   modules sees ordinary tensors;
+- the experts of a transformers mixture of experts split over a model axis go through transformers' own expert
+  parallelism (:func:`expert_parallel`), not DTensor's propagation;
 - each rank takes its slice of every micro-batch of the global batch (the layout the JAX and torch_xla backends
   give the batch).
 
@@ -121,6 +123,8 @@ def tensor_parallel(model: torch.nn.Module, plan: ShardingPlan, mesh: DeviceMesh
                                 "with parameters; the torch.distributed path splits a module's own computation "
                                 "(DTensor), so move the parameter into a leaf module or drop the rule")
         sharded = dict(entries)
+        if expert_parallel(module, sharded, submesh):
+            continue
 
         def partition(name: str, sub: torch.nn.Module, device_mesh: DeviceMesh, root=module, sharded=sharded) -> None:
             if sub is not root:
@@ -165,3 +169,40 @@ def apply_batch_axis(model: torch.nn.Module, plan: ShardingPlan, roles: MeshRole
                     shard_placement_fn=lambda p: Shard(dims[id(p)]) if id(p) in dims else None)
     else:
         fully_shard(model, mesh=mesh[roles.batch, UNSHARDED_AXIS])
+
+
+def expert_parallel(module: torch.nn.Module, sharded: dict[str, int], submesh: DeviceMesh) -> bool:
+    """Experts of a transformers mixture of experts split over a model axis by their first (expert) dimension: run
+    through transformers' own expert parallelism (transformers.distributed.expert_parallel), not through DTensor's
+    propagation, which has no rule for the routing's ``floor_divide`` and takes ``_grouped_mm`` in bf16 only (torch
+    2.9). Each rank keeps its experts (``Shard(0)``, ``num_experts`` the local count), every rank of the axis holds the
+    same batch (the batch axis is FSDP2's), so ``AllReduceEP``: each rank runs its experts on every token with the
+    other ranks' routes masked, and an all-reduce sums the outputs (and, backward, the inputs' gradients). True when
+    ``module`` is such an experts module (a ``forward(hidden_states, top_k_index, top_k_weights)`` and a
+    ``num_experts`` that every direct parameter has as its first dimension, all of them split there)."""
+    import inspect
+
+    params = dict(module.named_parameters(recurse=False))
+    experts = getattr(module, "num_experts", None)
+    try:
+        arguments = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    if (arguments[1:3] != ["top_k_index", "top_k_weights"] or not isinstance(experts, int) or not params
+            or set(sharded) != set(params) or any(d != 0 for d in sharded.values())
+            or any(p.dim() == 0 or p.shape[0] != experts for p in params.values())):
+        return False
+    if experts % submesh.size():
+        raise LoweringError(f"{type(module).__name__} has {experts} experts, which do not split evenly over the "
+                            f"{submesh.size()} ranks of mesh axis {(submesh.mesh_dim_names or ('?',))[0]!r}")
+    try:
+        from transformers.distributed.expert_parallel import EpDispatchExpertsParallel, MoEParamShard
+    except ImportError:         # not transformers' experts after all: DTensor's propagation, as for any module
+        return False
+
+    style = MoEParamShard(Shard(0), shards_expert_dim=True)      # every rank holds the full weights: no scatter
+    for attr in params:
+        style.shard_param(module, attr, submesh)
+    EpDispatchExpertsParallel().install_forward(module, ep_mesh=submesh, tp_mesh=submesh,
+                                                ep_implementation="all_reduce")
+    return True
