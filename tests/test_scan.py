@@ -156,3 +156,34 @@ def test_a_mlp_of_identical_layers_scans_on_jax():
     program = load_program(f"{NETS}:scanned")
     plain = program.replace(step=xb.StepOptions())
     np.testing.assert_allclose(_losses(program, "jax-cpu"), _losses(plain, "eager-cpu"), rtol=1e-5)
+
+
+def _kernels(program, devices=1):
+    """The number of fused kernels in the compiled train step (XLA:CPU compiles each on its own), and the
+    executable."""
+    exe = prepare(program, "jax-cpu", RunOptions(steps=1, devices=devices)).executable
+    hlo = exe.jitted.lower(exe.state, exe.put(program.data.batch(0, program.seed))).compile().as_text()
+    return hlo.count(" fusion("), exe
+
+
+def test_jax_holds_the_scanned_layers_stacked(tmp_path, tiny_gpt):
+    """The layers' parameters and Adam state are one stacked array per layer-relative name between steps, so the
+    whole step (update, clipping, gradient norm, non-finite counts) compiles to the same kernels at 2 and 6 layers
+    (unrolled they grow); the state crosses to and from eager under the eager names, the Adam moments included."""
+    assert _kernels(_gpt(tiny_gpt, 2, scan_layers=True))[0] == _kernels(_gpt(tiny_gpt, 6, scan_layers=True))[0]
+    assert _kernels(_gpt(tiny_gpt, 6))[0] > _kernels(_gpt(tiny_gpt, 2))[0]
+    sharded = _gpt(tiny_gpt, 4, scan_layers=True).replace(mesh=xb.Mesh(data=-1, model=2))
+    _, exe = _kernels(sharded, devices=4)
+    assert exe.state["params"]["blocks.*.q.weight"].shape == (4, 32, 32)
+    assert exe.layout()["blocks.3.q.weight"]["shard_shapes"] == [[16, 32]] * 4
+    assert "blocks.2.up.weight" in exe.state_dict() and "blocks.*.up.weight" not in exe.state_dict()
+
+    unrolled = _gpt(tiny_gpt, 4)
+    reference = _losses(unrolled, "eager-cpu", steps=6)
+    for first, second, devices in (("eager-cpu", "jax-cpu", 4), ("jax-cpu", "eager-cpu", 1)):
+        ck = tmp_path / first
+        run(sharded if first == "jax-cpu" else unrolled, first,
+            RunOptions(steps=3, warmup=1, devices=4 if first == "jax-cpu" else 1, checkpoint_dir=ck))
+        resumed = run(sharded if second == "jax-cpu" else unrolled, second,
+                      RunOptions(steps=6, warmup=1, devices=devices, resume=ck))
+        np.testing.assert_allclose([s.loss for s in resumed.steps], reference[3:], rtol=2e-5, err_msg=first)

@@ -35,6 +35,7 @@ from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
 from . import ops, optimizers, pieces, remat, scan
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
+from .stacking import Stacks
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
 _EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
@@ -123,7 +124,7 @@ class JaxExecutable(Executable):
         # ``weights`` below, each device's slice read on its own (a sharded checkpoint is never read whole)
         model = build_model(program, None, torch.device("cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
-        scan.apply(model, program)          # after remat: each scanned layer runs as remat wrapped it
+        self.scanner = scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
         ops.register()
         self.lowered = LoweredLoss(program, model)
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
@@ -146,7 +147,14 @@ class JaxExecutable(Executable):
         buffers = {n: pieces.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
-        opt = self.tx.init({n: params[n] for n in self.trained})
+        self.stacks = self._stacks(params)
+        params = self.stacks.stack(params)
+        for key, members in self.stacks.groups.items():
+            self.specs[key] = self.stacks.spec(self.specs[members[0]])
+        self.trained_keys = self.stacks.keys(self.trained)
+        self.param_keys = self.stacks.keys(self.lowered.param_names)
+        self.bad_grad_names = [n for key in self.param_keys for n in self.stacks.names_of(key)]
+        opt = self.tx.init({n: params[n] for n in self.trained_keys})
         state = {"params": params, "opt": opt, "buffers": buffers, "step": jnp.int32(0)}
         if self.scaling:
             state["scaler"] = optimizers.scaler_init()
@@ -180,6 +188,24 @@ class JaxExecutable(Executable):
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
 
+    def _stacks(self, params: dict[str, jax.Array]) -> Stacks:
+        """The scanned layers' trained parameters to hold stacked (none without a scan)."""
+        if self.scanner is None:
+            return Stacks("", {})
+        first = self.scanner.layers[0]
+        canonical = self.lowered.canonical
+        tied = {c for c in canonical.values() if sum(v == c for v in canonical.values()) > 1}
+        return Stacks.build(self.scanner.path, len(self.scanner.layers), [n for n, _ in first.named_parameters()],
+                            self.trained, self.specs, {n: tuple(a.shape) for n, a in params.items()}, tied)
+
+    def _loss(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
+        """The lowered loss of a state's parameters, whose scanned layers' groups the scan reads stacked."""
+        if not self.stacks:
+            return self.lowered(params, buffers, batch)
+        assert self.scanner is not None
+        with self.scanner.given({self.stacks.relative(k): params[k] for k in self.stacks.groups}):
+            return self.lowered(self.stacks.unstack(params), buffers, batch)
+
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
         params = state["params"]
@@ -211,7 +237,7 @@ class JaxExecutable(Executable):
         accum = self.program.step.grad_accum
 
         def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
-            loss, count, updated = self.lowered(gather(p), bufs, mb)
+            loss, count, updated = self._loss(gather(p), bufs, mb)
             scaled = loss / (accum * divisor) if count is None else loss / divisor
             return (scaled * scale if scale is not None else scaled), (loss, count, updated)
 
@@ -257,8 +283,8 @@ class JaxExecutable(Executable):
                                      for n, g in grads.items()]))
             finite = bad == 0
         # per parameter, how many gradient entries are NaN/Inf: names the culprit when the loss goes non-finite
-        bad_grads = jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(grads[n])).astype(jnp.float32))
-                               for n in self.lowered.param_names])
+        # (a scanned layers' group: one count per layer; in the order of ``self.bad_grad_names``)
+        bad_grads = jnp.concatenate([reduce_sum(k, self.stacks.nonfinite_counts(k, grads[k])) for k in self.param_keys])
         # the global L2 norm, unscaled and before clipping (what torch's clip_grad_norm_ returns)
         norm = jnp.sqrt(sum((reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items()),
                             jnp.zeros((), jnp.float32)))
@@ -267,8 +293,8 @@ class JaxExecutable(Executable):
             coef = jnp.minimum(clip / (norm + 1e-6), 1.0)
             grads = jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads)
         lr = optimizers.learning_rate(spec, state["step"])
-        trained = {n: params[n] for n in self.trained}     # as torch.optim: a parameter without gradient is skipped
-        direction, opt = self.tx.update({n: grads[n] for n in self.trained}, state["opt"], trained)
+        trained = {n: params[n] for n in self.trained_keys}   # as torch.optim: a parameter without gradient is skipped
+        direction, opt = self.tx.update({n: grads[n] for n in self.trained_keys}, state["opt"], trained)
         updated = {**params, **optax.apply_updates(trained, jax.tree.map(lambda u: -lr * u, direction))}
         if self.scaling:
             new["params"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), updated, params)
@@ -402,7 +428,7 @@ class JaxExecutable(Executable):
 
             def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
                 with eval_mode(model):
-                    loss, count, _ = self.lowered(params, buffers, b)
+                    loss, count, _ = self._loss(params, buffers, b)
                     return loss if count is None else loss / _nonzero(count)
 
             self._eval = jax.jit(loss_in_eval_mode, out_shardings=self.replicated)
@@ -442,7 +468,7 @@ class JaxExecutable(Executable):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         host = self._host({"params": self.state["params"], "buffers": self.state["buffers"]})
-        return self._model_state(host["params"], host["buffers"], _full)
+        return self._model_state(self.stacks.unstack(host["params"]), host["buffers"], _full)
 
     def _model_state(self, params: Any, buffers: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
         """Parameters and buffers under the eager names, each ``convert(value, dtype)``: floating ones in float32,
@@ -471,7 +497,8 @@ class JaxExecutable(Executable):
     def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
         """The optimizer, the step count and the loss scaler under the checkpoint names, each ``convert(value,
         dtype)``."""
-        out = optimizers.export_state(state["opt"], self._eager_names(), lambda leaf: convert(leaf, np.float32))
+        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(),
+                                      lambda leaf: convert(leaf, np.float32))
         out["loop/updates"] = convert(state["step"], np.int64)
         if self.scaling:
             out["scaler/scale"] = convert(state["scaler"].scale, np.float32)
@@ -484,7 +511,8 @@ class JaxExecutable(Executable):
             return pieces.placed(optimizers.Cast(value, like.dtype), like.sharding)
 
         loaded = dict(self.state)
-        loaded["opt"] = optimizers.import_state(self.state["opt"], state, self._eager_names(), place)
+        loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
+                                                                       state, self._eager_names(), place))
         loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
         if self.scaling and "scaler/scale" in state:
             loaded["scaler"] = optimizers.ScalerState(np.asarray(np.asarray(state["scaler/scale"]), dtype=np.float32),
@@ -508,7 +536,7 @@ class JaxExecutable(Executable):
 
         from xbridge.run.shards import Group
 
-        model = self._model_state(self.state["params"], self.state["buffers"], pieces.held)
+        model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"], pieces.held)
         train = self._train_state(self.state, pieces.held)
         return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
 
@@ -518,12 +546,12 @@ class JaxExecutable(Executable):
             return []
         bad = np.asarray(self._host(self._bad_grads))
         names = self._eager_names()
-        flagged = {names[n] for n, count in zip(self.lowered.param_names, bad) if count > 0 and n in names}
+        flagged = {names[n] for n, count in zip(self.bad_grad_names, bad) if count > 0 and n in names}
         return [n for n in self.names if n in flagged]
 
     def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
         """The live sharding of every trained parameter (for tests and inspection)."""
-        return {n: a.sharding for n, a in self.state["params"].items()}
+        return {n: a.sharding for n, a in self.stacks.unstack(self.state["params"]).items()}
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
@@ -533,7 +561,7 @@ class JaxExecutable(Executable):
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
-            self.lowered(self.state["params"], self.state["buffers"], self.put(batch))
+            self._loss(self.state["params"], self.state["buffers"], self.put(batch))
         return out
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
@@ -542,7 +570,7 @@ class JaxExecutable(Executable):
         from .lowering import count_products
 
         with matmul_precision(self.program.precision.compute):
-            jaxpr = jax.make_jaxpr(self.lowered)(self.state["params"], self.state["buffers"], self.put(batch))
+            jaxpr = jax.make_jaxpr(self._loss)(self.state["params"], self.state["buffers"], self.put(batch))
         return count_products(jaxpr.jaxpr)
 
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
@@ -554,7 +582,7 @@ class JaxExecutable(Executable):
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
-                for n, a in self.state["params"].items()}
+                for n, a in self.stacks.unstack(self.state["params"]).items()}
 
     def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
         """jax.profiler: ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and the

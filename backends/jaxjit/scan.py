@@ -2,13 +2,15 @@
 traced once and iterated by ``jax.lax.scan`` over their stacked parameters, so the compiled step holds one layer
 whatever the depth. How the model's own loop is taken over is shared with xla (backends/_torch/layer_scan.py).
 
-The layers' parameters and buffers are stacked along a new leading axis in every step; their gradients flow back
-through the stack to each layer. Remat composes: each iteration runs the layer as ``StepOptions(remat=...)`` wrapped it
-(``jax.checkpoint``). torchax's generator key (dropout under ``--rng native``) is carried through the scan, so each
-layer draws its own."""
+The layers' trained parameters are held stacked between steps (backends/jaxjit/stacking.py) and read by the scan as
+they are; the rest of the layers' tensors (buffers, frozen parameters) are stacked along a new leading axis in every
+step. Remat composes: each iteration runs the layer as ``StepOptions(remat=...)`` wrapped it (``jax.checkpoint``).
+torchax's generator key (dropout under ``--rng native``) is carried through the scan, so each layer draws its own."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -23,23 +25,33 @@ from .._torch.layer_scan import LayerScan
 from .._torch.remat import scanned_layers
 
 
-def apply(model: torch.nn.Module, program: Program) -> str | None:
-    """Make the layers one scan (nothing unless ``program.step.scan_layers``); returns the layers' path."""
+def apply(model: torch.nn.Module, program: Program) -> JaxScan | None:
+    """Make the layers one scan (nothing unless ``program.step.scan_layers``, and at least two layers)."""
     found = scanned_layers(model, program, "jax", "a scanned layer")
-    if found is None:
+    if found is None or len(found[1]) < 2:
         return None
-    path, layers = found
-    if len(layers) < 2:
-        return path
-    _JaxScan(path, layers)
-    return path
+    return JaxScan(*found)
 
 
-class _JaxScan(LayerScan):
+class JaxScan(LayerScan):
+    def __init__(self, path: str, layers: torch.nn.ModuleList) -> None:
+        super().__init__(path, layers)
+        self.stacked: dict[str, jax.Array] = {}
+
+    @contextlib.contextmanager
+    def given(self, stacked: dict[str, jax.Array]) -> Iterator[None]:
+        """While a loss is traced: the layer-relative names whose every layer's array the state holds stacked
+        already (backends/jaxjit/stacking.py); the scan reads them as they are, and stacks only the others."""
+        before, self.stacked = self.stacked, stacked
+        try:
+            yield
+        finally:
+            self.stacked = before
+
     def scan(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         env = torchax.default_env()
-        stacked = {name: jnp.stack([interop.jax_view(t) for t in tensors])
-                   for name, tensors in self.weights().items()}
+        stacked = {name: self.stacked[name] if name in self.stacked else
+                   jnp.stack([interop.jax_view(t) for t in tensors]) for name, tensors in self.weights().items()}
 
         def body(carry: tuple[jax.Array, jax.Array], slices: dict[str, jax.Array]) -> tuple[Any, None]:
             state, key = carry

@@ -66,10 +66,16 @@ def from_config(config: Any, **callables: Any) -> Any:
 
 
 def canonical_json(obj: Any, leave_out: tuple[str, ...] = ()) -> str:
-    """Key-sorted, compact JSON of ``obj``'s config; ``leave_out`` drops top-level fields."""
+    """Key-sorted, compact JSON of ``obj``'s config; ``leave_out`` drops fields (``"mesh"``, or a nested one as
+    ``"step.remat"``)."""
     data = to_config(obj)
-    if leave_out:
-        data = {k: v for k, v in data.items() if k not in leave_out}
+    for field in leave_out:
+        *parents, last = field.split(".")
+        node = data
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 

@@ -62,9 +62,17 @@ _TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)(-p\d+)?$")
 
 
 def resume_hash(program: Program) -> str:
-    """The config hash without the mesh and the sharding rules: they change where arrays live, not the
-    arithmetic, so a checkpoint resumes under another mesh (resharding on load)."""
-    return serialize.config_hash(program, leave_out=("mesh", "sharding"))
+    """The config hash without the mesh and the sharding rules, which change where arrays live, and without the
+    step's scan over layers and remat, which change how the step is compiled: none changes the arithmetic, so a
+    checkpoint resumes under another mesh (resharding on load), scanned or unrolled, with or without remat."""
+    return serialize.config_hash(program, leave_out=("mesh", "sharding", "step.scan_layers", "step.remat",
+                                                     "step.layers"))
+
+
+def _resumes(program: Program, written: str) -> bool:
+    """Whether a checkpoint whose manifest says ``written`` resumes ``program``: today's hash, or the one written
+    before 2026-12-01 (without the mesh and the sharding only), so that older checkpoints still load."""
+    return written in (resume_hash(program), serialize.config_hash(program, leave_out=("mesh", "sharding")))
 
 
 def step_dir(directory: Path, step: int) -> Path:
@@ -536,7 +544,7 @@ def load(path: Path, program: Program, allow_config_change: bool = False) -> Che
     changed = changed_data(manifest.get("config", {}), program.config())
     if changed is not None:   # the batches after the checkpoint would not be the ones an uninterrupted run reads
         raise CheckpointError(f"checkpoint {str(path)!r}: {changed}; resume with the data it was written with")
-    if manifest["resume_hash"] != resume_hash(program) and not allow_config_change:
+    if not _resumes(program, manifest["resume_hash"]) and not allow_config_change:
         raise CheckpointError(f"checkpoint {str(path)!r} belongs to another program config (program "
                               f"{manifest.get('program')!r}, config hash {manifest['config_hash']}; this is "
                               f"{program.name!r}, {program.config_hash}); pass --allow-config-change to load it anyway")
