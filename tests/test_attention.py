@@ -47,6 +47,48 @@ def test_jax_reports_torchax_lowering(tiny_gpt):
     assert _kernels(_step(tiny_gpt, attention="math"), "jax-cpu")[0] == {"math (torchax reference, XLA)": 2}
 
 
+@pytest.mark.parametrize("case", ["causal", "bool_mask", "float_mask", "grouped_query", "scale"])
+def test_jax_routes_attention_to_jax_nn_as_torch_computes_it(case):
+    """The translation behind --attention cudnn on jax (torch's layout, masks, grouped-query heads and scale into
+    jax.nn.dot_product_attention), run through its XLA implementation, which CPUs have: forward and the three input
+    gradients equal torch's own attention on random inputs (cuDNN itself needs an NVIDIA GPU)."""
+    pytest.importorskip("torchax", reason="the jax backend is not installed (pip install 'xbridge[jax]')")
+    import jax
+    import torch
+    import torch.nn.functional as F
+
+    from xbridge.backends.jaxjit.attention import dot_product_attention
+
+    gen = torch.Generator().manual_seed(0)
+    kv_heads = 2 if case == "grouped_query" else 4
+    q = torch.randn(2, 4, 6, 8, generator=gen, dtype=torch.float32)
+    k, v = (torch.randn(2, kv_heads, 6, 8, generator=gen, dtype=torch.float32) for _ in range(2))
+    kwargs: dict = {"is_causal": case == "causal", "enable_gqa": case == "grouped_query",
+                    "scale": 0.3 if case == "scale" else None}
+    if case == "bool_mask":
+        kwargs["attn_mask"] = torch.rand(6, 6, generator=gen) > 0.3
+        kwargs["attn_mask"][:, 0] = True                      # every row attends somewhere
+    if case == "float_mask":
+        kwargs["attn_mask"] = torch.randn(2, 1, 6, 6, generator=gen, dtype=torch.float32)
+    cotangent = torch.randn(2, 4, 6, 8, generator=gen, dtype=torch.float32)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*leaves, **kwargs)
+    expected.backward(cotangent)
+    mask = kwargs.pop("attn_mask", None)
+    jmask = None if mask is None else jax.numpy.asarray(mask.numpy())
+
+    def attention(*qkv):
+        return dot_product_attention(*qkv, jmask, implementation="xla", **kwargs)
+
+    # float32 on both sides (JAX's XLA attention takes its softmax in float32 whatever the input dtype)
+    out, pullback = jax.vjp(attention, *(jax.numpy.asarray(t.numpy()) for t in (q, k, v)))
+    grads = pullback(jax.numpy.asarray(cotangent.numpy()))
+    np.testing.assert_allclose(np.asarray(out), expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for got, leaf in zip(grads, leaves):
+        np.testing.assert_allclose(np.asarray(got), leaf.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_xla_reports_the_math_form_and_refuses_a_fused_kernel():
     pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
     proc = run_cli("run", LAYERED, "--backend", "xla-cpu", "--steps", "2", "--rng", "native", "--format", "json")

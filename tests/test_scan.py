@@ -80,22 +80,27 @@ def _xla_scanned(tmp_path, name, *extra):
 
 def test_xla_scans_the_layers_as_one_loop(tmp_path):
     """torch_xla's scan: the step's graph holds one layer in a While loop whatever the depth (the same number of
-    matrix products at 2 and 6 layers; unrolled, 6 layers hold more), and the losses are eager's unrolled loop's."""
+    matrix products at 2 and 6 layers; unrolled, 6 layers hold more), and the losses are eager's unrolled loop's.
+    With remat='full' the backward loop recomputes the layer (more products in the same loops) and the losses stay
+    eager's."""
     from xbridge.program_file import load_program
 
     losses_6, dots_6, loops_6 = _xla_scanned(tmp_path, "layers_6")
     _, dots_2, _ = _xla_scanned(tmp_path, "layers_2")
     _, dots_unrolled, loops_unrolled = _xla_scanned(tmp_path, "unrolled_6")
-    assert loops_6 >= 1 and loops_unrolled == 0
+    losses_remat, dots_remat, loops_remat = _xla_scanned(tmp_path, "remat")
+    assert loops_6 >= 1 and loops_unrolled == 0 and loops_remat == loops_6
     assert dots_6 == dots_2 < dots_unrolled, (dots_2, dots_6, dots_unrolled)
-    np.testing.assert_allclose(losses_6, _losses(load_program(f"{SCANNED}:unrolled_6"), "eager-cpu", steps=4),
-                               rtol=1e-5)
+    assert dots_remat > dots_6, (dots_remat, dots_6)
+    reference = _losses(load_program(f"{SCANNED}:unrolled_6"), "eager-cpu", steps=4)
+    np.testing.assert_allclose(losses_6, reference, rtol=1e-5)
+    np.testing.assert_allclose(losses_remat, reference, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name, extra, message", [
     ("dropout", (), "StepOptions scan_layers is not available on xla-cpu for layers that draw random numbers: "
                     "blocks.0 calls aten.native_dropout.default"),
-    ("remat", (), "StepOptions scan_layers with remat='full' is not available on xla-cpu"),
+    ("remat_dots", (), "StepOptions remat='dots' is not available on xla-cpu"),
     ("layers_2", ("--xla-mode", "openxla"), "StepOptions scan_layers is not available with --xla-mode openxla"),
 ])
 def test_xla_refuses_what_its_scan_gets_wrong(name, extra, message):

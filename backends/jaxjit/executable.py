@@ -23,7 +23,7 @@ from xbridge.backend import CompileCache, Executable, Target, on_host
 from xbridge.cache import cache_dir
 from xbridge.data import contract
 from xbridge.data.contract import BatchCheck, checked_batch
-from xbridge.errors import BackendUnavailable, ConfigError, LoweringError
+from xbridge.errors import BackendUnavailable, LoweringError
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
@@ -33,7 +33,7 @@ from xbridge.run.rng import rng_rows
 
 from .._torch import remat as shared_remat
 from .._torch.train import build_model, eval_mode, tensor_to_numpy
-from . import ops, optimizers, pieces, remat, scan
+from . import attention, ops, optimizers, pieces, remat, scan
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 from .stacking import Stacks
 
@@ -87,7 +87,6 @@ def _full(value: Any, dtype: Any) -> np.ndarray:
     return np.asarray(value).astype(dtype)
 
 
-TORCHAX_ATTENTION = "math (torchax reference, XLA)"   # torchax 0.0.13's only lowering of attention
 
 class JaxExecutable(Executable):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
@@ -116,10 +115,7 @@ class JaxExecutable(Executable):
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         program = self.program
-        if program.step.attention not in ("auto", "math"):
-            raise ConfigError(f"StepOptions attention={program.step.attention!r} is not available on jax: torchax "
-                              "0.0.13 lowers scaled_dot_product_attention to its math reference only (XLA fuses it "
-                              "as it can); use attention='auto' or 'math'")
+        attention.check(program.step.attention, str(self.target), self.mesh.devices.flat[0].platform)
         # the module gives shapes, ties and the non-persistent buffers; the parameters and buffers are placed from
         # ``weights`` below, each device's slice read on its own (a sharded checkpoint is never read whole)
         model = build_model(program, None, torch.device("cpu"))
@@ -199,12 +195,14 @@ class JaxExecutable(Executable):
                             self.trained, self.specs, {n: tuple(a.shape) for n, a in params.items()}, tied)
 
     def _loss(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
-        """The lowered loss of a state's parameters, whose scanned layers' groups the scan reads stacked."""
-        if not self.stacks:
-            return self.lowered(params, buffers, batch)
-        assert self.scanner is not None
-        with self.scanner.given({self.stacks.relative(k): params[k] for k in self.stacks.groups}):
-            return self.lowered(self.stacks.unstack(params), buffers, batch)
+        """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its
+        attention calls routed to the kernel ``StepOptions(attention=...)`` forces (backends/jaxjit/attention.py)."""
+        with attention.routed(self.program.step.attention):
+            if not self.stacks:
+                return self.lowered(params, buffers, batch)
+            assert self.scanner is not None
+            with self.scanner.given({self.stacks.relative(k): params[k] for k in self.stacks.groups}):
+                return self.lowered(self.stacks.unstack(params), buffers, batch)
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
@@ -574,11 +572,11 @@ class JaxExecutable(Executable):
         return count_products(jaxpr.jaxpr)
 
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """torchax lowers every ``scaled_dot_product_attention`` to its reference (matmuls, a softmax: XLA fuses
-        them as it can); the calls are counted on the meta device."""
+        """The kernel the lowering gives every ``scaled_dot_product_attention`` call (torchax's reference: matmuls,
+        a softmax that XLA fuses as it can; or JAX's cuDNN attention); the calls are counted on the meta device."""
         from .._torch.attention import meta_calls
 
-        return meta_calls(self.program, TORCHAX_ATTENTION)
+        return meta_calls(self.program, attention.KERNELS[self.program.step.attention])
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}

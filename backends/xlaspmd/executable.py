@@ -190,8 +190,8 @@ class XlaExecutable(TorchTrainState):
                               "attention to; use attention='auto' or 'math'")
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
-        shared_remat.apply(self.model, self.program, layer_checkpoint)
-        scan.apply(self.model, self.program, str(self.target), self.mode)
+        if scan.apply(self.model, self.program, str(self.target), self.mode) is None:   # a scan recomputes itself
+            shared_remat.apply(self.model, self.program, layer_checkpoint)
         planned = {p.name: p.spec for p in self.plan.params}
         for name, param in self.model.named_parameters():
             xs.mark_sharding(param, self.mesh, planned[name])

@@ -3,7 +3,11 @@
 inputs so that XLA does not fold the recomputation back into the forward pass. It recomputes whole layers and takes
 no policy (torch_xla 2.9: no ``context_fn``, and ``use_reentrant=False`` raises), so ``dots`` is refused; under
 ``--xla-mode openxla`` Dynamo breaks its graph at the checkpoint and the gradients came out wrong, so remat is
-refused there (lazy mode only)."""
+refused there (lazy mode only).
+
+Scanned layers (``scan_layers``) are recomputed by the scan itself instead: torch_xla's scan traces the layer with
+AOTAutograd, which cannot trace torch_xla's checkpoint, and takes the partition of the layer's joint forward and
+backward graph as ``partition_fn`` (:func:`scan_partition`)."""
 
 from __future__ import annotations
 
@@ -31,3 +35,21 @@ def checkpoint(remat: str, target: str, mode: str) -> Checkpoint:
         return xla_checkpoint(fn, *tensors)
 
     return run
+
+
+def scan_partition(remat: str) -> Callable[..., Any] | None:
+    """The partition of a scanned layer's joint graph for ``remat`` (None: torch_xla's default, which saves what the
+    forward computed). ``full``: AOTAutograd's min-cut partitioner with an activation memory budget of 0, which
+    saves the layer's inputs only (``choose_saved_values_set`` returns the graph's inputs at budget 0), so the
+    backward loop recomputes the whole layer. What the forward loop saves are its outputs, stacked over the layers,
+    so XLA cannot fold the recomputation back into the forward pass (it does so without a scan on CPU)."""
+    if remat == "none":
+        return None
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def full(joint: Any, inputs: Any, **kwargs: Any) -> Any:
+        with functorch_config.patch(activation_memory_budget=0.0):
+            return min_cut_rematerialization_partition(joint, inputs, **kwargs)
+
+    return full

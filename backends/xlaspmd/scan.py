@@ -35,10 +35,13 @@ from xbridge.ir.program import Program
 
 from .._torch.layer_scan import LayerScan
 from .._torch.remat import scanned_layers
+from .remat import scan_partition
 
 
-def apply(model: torch.nn.Module, program: Program, target: str, mode: str) -> str | None:
-    """Make the layers one scan (nothing unless ``program.step.scan_layers``); returns the layers' path."""
+def apply(model: torch.nn.Module, program: Program, target: str, mode: str) -> _XlaScan | None:
+    """Make the layers one scan (nothing unless ``program.step.scan_layers``, and at least two layers); with
+    ``remat`` the scan recomputes them (:func:`backends.xlaspmd.remat.scan_partition`), so the caller leaves the
+    layers' forwards unwrapped."""
     found = scanned_layers(model, program, target, "a scanned layer")
     if found is None:
         return None
@@ -46,14 +49,8 @@ def apply(model: torch.nn.Module, program: Program, target: str, mode: str) -> s
         # measured: "RuntimeError: Expected XLA tensor. Got: XLAFloatType" (Dynamo's fake tensors reach the scan)
         raise ConfigError(f"StepOptions scan_layers is not available with --xla-mode openxla on {target}: Dynamo "
                           "cannot trace torch_xla's scan; use --xla-mode lazy")
-    if program.step.remat != "none":
-        raise ConfigError(f"StepOptions scan_layers with remat={program.step.remat!r} is not available on {target}: "
-                          "torch_xla's checkpoint cannot run inside its scan, which traces the layer with "
-                          "AOTAutograd; use one of them here (jax takes both)")
     path, layers = found
-    if len(layers) >= 2:
-        _XlaScan(path, layers, target)
-    return path
+    return _XlaScan(path, layers, target, scan_partition(program.step.remat)) if len(layers) >= 2 else None
 
 
 class _RandomOps(TorchDispatchMode):
@@ -68,9 +65,10 @@ class _RandomOps(TorchDispatchMode):
 
 
 class _XlaScan(LayerScan):
-    def __init__(self, path: str, layers: torch.nn.ModuleList, target: str) -> None:
+    def __init__(self, path: str, layers: torch.nn.ModuleList, target: str,
+                 partition: Callable[..., Any] | None) -> None:
         super().__init__(path, layers)
-        self.target = target
+        self.target, self.partition = target, partition
         self._bodies: dict[Any, Callable[..., Any]] = {}
 
     def scan(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -93,8 +91,9 @@ class _XlaScan(LayerScan):
             body = self._body(spec, len(leaves), floats, others, dict(fixed))
             if key is not None:
                 self._bodies[key] = body
+        partition = {"partition_fn": self.partition} if self.partition is not None else {}
         carry, _ = scan(body, (hidden, *[leaves[i] for i in floats]), (weights, broadcast),
-                        is_fn_pure=key is not None)
+                        is_fn_pure=key is not None, **partition)
         return carry[0]
 
     def _body(self, spec: Any, size: int, floats: list[int], others: list[int],
