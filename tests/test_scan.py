@@ -143,14 +143,14 @@ def _subgraph_calls(program):
 
 def test_inductor_compiles_one_layer_and_reuses_it(tiny_gpt):
     """scan_layers on inductor: the layers are one nested compile region: the loss's graph calls one subgraph once
-    per layer (unrolled: no subgraph); losses as eager's unrolled loop. With remat or the portable generator it is
-    refused: both came out wrong."""
+    per layer (unrolled: no subgraph); losses as eager's unrolled loop, with remat too (the checkpoint inside the
+    region). With the portable generator it is refused: it came out wrong."""
     reference = _losses(_gpt(tiny_gpt, 4), "eager-cpu")
-    np.testing.assert_allclose(_losses(_gpt(tiny_gpt, 4, scan_layers=True), "inductor-cpu"), reference, rtol=1e-5)
-    assert _subgraph_calls(_gpt(tiny_gpt, 4, scan_layers=True)) == (4, {"subgraph_0"})
+    for remat in ("none", "full", "dots"):
+        scanned = _gpt(tiny_gpt, 4, scan_layers=True, remat=remat)
+        np.testing.assert_allclose(_losses(scanned, "inductor-cpu"), reference, rtol=1e-5, err_msg=remat)
+        assert _subgraph_calls(scanned) == (4, {"subgraph_0"}), remat
     assert _subgraph_calls(_gpt(tiny_gpt, 4)) == (0, set())
-    with pytest.raises(ConfigError, match=r"scan_layers with remat='full' is not available on inductor: torch 2\.9"):
-        prepare(_gpt(tiny_gpt, 4, scan_layers=True, remat="full"), "inductor-cpu", RunOptions(steps=1))
     with pytest.raises(ConfigError, match="scan_layers with rng='portable' is not available on inductor"):
         prepare(_gpt(tiny_gpt, 4, scan_layers=True, rng="portable"), "inductor-cpu", RunOptions(steps=1))
 
@@ -192,3 +192,16 @@ def test_jax_holds_the_scanned_layers_stacked(tmp_path, tiny_gpt):
         resumed = run(sharded if second == "jax-cpu" else unrolled, second,
                       RunOptions(steps=6, warmup=1, devices=devices, resume=ck))
         np.testing.assert_allclose([s.loss for s in resumed.steps], reference[3:], rtol=2e-5, err_msg=first)
+
+
+@pytest.mark.slow
+def test_scanned_and_recomputed_layers_pass_parity_in_bf16_mixed(tmp_path):
+    """The scanned GPT with remat='full' on every compiling backend against eager's loop, in bf16-mixed: losses,
+    parameters, and the dtype every matrix product ran in (fp32: the loss checks above, per backend)."""
+    proc = run_cli("parity", f"{SCANNED}:remat", "--backends", "inductor-cpu,jax-cpu,xla-cpu", "--precision",
+                   "bf16-mixed", "--steps", "6", "--jobs", "2", "--format", "json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    record = json.loads(proc.stdout)
+    assert {r["target"]: r["verdict"] for r in record["targets"]} == dict.fromkeys(
+        ("inductor-cpu", "jax-cpu", "xla-cpu"), "pass")
+    assert all(set(r["matmul_dtypes"]) == {"bfloat16"} for r in record["targets"]), record["targets"]

@@ -41,13 +41,15 @@ class TorchExecutable(TorchTrainState):
         """Hook: the train step over ``model`` (inductor compiles it)."""
         return TrainStep(self.program, model, self.device)
 
-    def scan_layers(self, model: torch.nn.Module) -> None:
-        """Hook: ``StepOptions(scan_layers=True)``; eager runs the model's own loop (inductor: one compile region)."""
+    def scan_layers(self, model: torch.nn.Module) -> bool:
+        """Hook: ``StepOptions(scan_layers=True)``; eager runs the model's own loop (inductor: one compile region).
+        True when what it made of the layers recomputes them itself (``remat``)."""
+        return False
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         model = build_model(self.program, weights, self.device)
-        self.scan_layers(model)         # before remat: a recomputed layer recomputes what scan_layers made of it
-        remat.apply(model, self.program, remat.torch_checkpoint(self.program.step.remat))
+        if not self.scan_layers(model):
+            remat.apply(model, self.program, remat.torch_checkpoint(self.program.step.remat))
         self.model = self.prepare_model(model)
         self.train_step = self.make_train_step(self.model)
         compile = self.compiler()

@@ -13,12 +13,27 @@ A backend subclasses :class:`LayerScan` and implements :meth:`LayerScan.scan`.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from xbridge.errors import ConfigError
+
+_looping = [False]
+
+
+@contextlib.contextmanager
+def looping() -> Iterator[None]:
+    """While active, a scan runs the scan body over the layers in a Python loop (:meth:`LayerScan.loop`): for the
+    backends' operator-by-operator censuses (matrix-product dtypes, attention kernels), which see the layers' code
+    as it runs rather than a compiler's traces of it (AOTAutograd traces a torch_xla scan's body more than once)."""
+    before, _looping[0] = _looping[0], True
+    try:
+        yield
+    finally:
+        _looping[0] = before
 
 
 class LayerScan:
@@ -60,6 +75,13 @@ class LayerScan:
                               f"{type(out).__name__}")
         return out
 
+    def loop(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """What the scan computes, as a Python loop of its body."""
+        weights = self.weights()
+        for i in range(len(self.layers)):
+            hidden = self.call_first({name: tensors[i] for name, tensors in weights.items()}, hidden, rest, kwargs)
+        return hidden
+
     def _passthrough(self, index: int) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.next != index or not args or args[0] is not self.expected:
@@ -77,6 +99,6 @@ class LayerScan:
         if not args or not isinstance(args[0], torch.Tensor):
             raise ConfigError(f"StepOptions scan_layers: {self.path}.0 takes no tensor as its first positional "
                               "argument, which a scan carries from layer to layer")
-        result = self.scan(args[0], args[1:], kwargs)
+        result = (self.loop if _looping[0] else self.scan)(args[0], args[1:], kwargs)
         self.expected, self.next = result, 1
         return result

@@ -25,7 +25,7 @@ from xbridge.ir.program import Program
 
 from . import portable_rng
 
-__all__ = ["Checkpoint", "apply", "find_layers", "refuse_different", "refuse_running_statistics",
+__all__ = ["Checkpoint", "apply", "find_layers", "recomputed", "refuse_different", "refuse_running_statistics",
            "scanned_layers", "torch_checkpoint"]
 
 # (fn, tensors) -> fn(*tensors), with fn's intermediate values recomputed in the backward pass
@@ -104,11 +104,13 @@ def apply(model: torch.nn.Module, program: Program, checkpoint: Checkpoint) -> s
     path, layers = find_layers(model, program.step.layers)
     refuse_running_statistics(path, layers)
     for layer in layers:
-        layer.forward = _recomputed(layer.forward, checkpoint)
+        layer.forward = recomputed(layer.forward, checkpoint)
     return path
 
 
-def _recomputed(forward: Callable[..., Any], checkpoint: Checkpoint) -> Callable[..., Any]:
+def recomputed(forward: Callable[..., Any], checkpoint: Checkpoint) -> Callable[..., Any]:
+    """``forward`` run through ``checkpoint`` when gradients are on (its tensor arguments saved, the rest
+    recomputed in the backward pass), as it is in an evaluation."""
     @functools.wraps(forward)
     def layer_forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():         # evaluation: nothing is saved for a backward pass

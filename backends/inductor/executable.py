@@ -59,8 +59,9 @@ class InductorExecutable(TorchExecutable):
 
     scanned: str | None = None     # the path of the layers made one compile region
 
-    def scan_layers(self, model: torch.nn.Module) -> None:
+    def scan_layers(self, model: torch.nn.Module) -> bool:
         self.scanned = regions.apply(model, self.program)
+        return self.scanned is not None and self.program.step.remat != "none"    # recomputed inside the region
 
     def make_train_step(self, model: torch.nn.Module) -> TrainStep:
         # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.

@@ -277,18 +277,25 @@ class XlaExecutable(TorchTrainState):
         return outputs
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """Counted on lazy tensors as they are traced; the graph is dropped, never executed."""
+        """Counted on lazy tensors as they are traced; the graph is dropped, never executed. Scanned layers are
+        counted as the scan's body run in a loop (the scan traces that body under the same autocast: checked, every
+        product of the scanned GPT's bf16-mixed step HLO is bf16)."""
+        from .._torch.layer_scan import looping
         from .._torch.matmul_census import count_torch
 
         tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return count_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
+        with looping():
+            return count_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
 
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """Probed on lazy tensors as they are traced; the graph is dropped, never executed."""
+        """Probed on lazy tensors as they are traced (scanned layers as the scan's body in a loop); the graph is
+        dropped, never executed."""
         from .._torch.attention import probe
+        from .._torch.layer_scan import looping
 
         tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math="math (XLA)")
+        with looping():
+            return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math="math (XLA)")
 
     def layout(self) -> dict[str, dict[str, Any]]:
         out = {}
