@@ -163,3 +163,15 @@ def test_a_worker_that_dies_or_hangs_is_named():
                    env={"XBRIDGE_TEST_FAULT": "hang-init", "XBRIDGE_DIST_TIMEOUT": "20"})   # room for a loaded machine
     assert proc.returncode == 1
     assert "inductor rank 1 did not answer init within 20 s (XBRIDGE_DIST_TIMEOUT)" in error_line(proc)
+
+
+@pytest.mark.slow
+def test_many_runs_in_one_process_stay_compiled():
+    """A long-lived process (a notebook, this suite) runs one program on inductor again and again: each run compiles
+    as a fresh process would. Dynamo counted the freed earlier runs' entries toward its recompile limit (8), and the
+    9th run's AdamW step fell back to eager, where its capturable form fails on the CPU."""
+    from xbridge.program_file import load_program
+
+    program = load_program(f"{ROOT / 'tests' / 'fixtures' / 'scanned_gpt.py'}:unrolled_6")
+    losses = [[s.loss for s in run(program, "inductor-cpu", RunOptions(steps=2, warmup=1)).steps] for _ in range(10)]
+    assert all(run_losses == losses[0] for run_losses in losses), losses

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import runpy
 import sys
 
 import numpy as np
@@ -47,14 +46,6 @@ def test_scanned_gpt_matches_eager_and_traces_one_layer(tiny_gpt):
     # the traced step: its products do not grow with depth when scanned, and do when unrolled
     assert _dots(_gpt(tiny_gpt, 2, scan_layers=True)) == _dots(_gpt(tiny_gpt, 6, scan_layers=True))
     assert _dots(_gpt(tiny_gpt, 6)) > _dots(_gpt(tiny_gpt, 2))
-
-
-def test_an_unmodified_hf_llama_scans_its_decoder_layers():
-    pytest.importorskip("transformers")
-    llama = runpy.run_path(str(FIXTURES / "hf_zoo.py"))["llama"]
-    reference = _losses(llama, "eager-cpu")
-    scanned = llama.replace(step=dataclasses.replace(llama.step, scan_layers=True))     # finds model.layers
-    np.testing.assert_allclose(_losses(scanned, "jax-cpu"), reference, rtol=1e-5)
 
 
 NETS = str(FIXTURES / "layer_nets.py")
@@ -112,7 +103,8 @@ def test_xla_refuses_what_its_scan_gets_wrong(name, extra, message):
 @pytest.mark.slow
 def test_an_unmodified_hf_llama_scanned_passes_parity_on_xla_and_jax_tensor_parallel(tmp_path):
     """Transformers' decoder layers take the mask, positions, position embeddings and a KV cache object besides the
-    hidden states; scanned on 2 devices with Megatron's split over `model`, xla and jax match eager."""
+    hidden states (its `model.layers` found without being named); scanned on 2 devices with Megatron's split over
+    `model`, xla and jax match eager."""
     pytest.importorskip("transformers")
     proc = run_cli("parity", f"{FIXTURES / 'hf_zoo.py'}:llama_scanned", "--backends", "xla-cpu,jax-cpu",
                    "--steps", "4", "--devices", "2", "--format", "json", "--out", str(tmp_path))
@@ -199,7 +191,7 @@ def test_scanned_and_recomputed_layers_pass_parity_in_bf16_mixed(tmp_path):
     """The scanned GPT with remat='full' on every compiling backend against eager's loop, in bf16-mixed: losses,
     parameters, and the dtype every matrix product ran in (fp32: the loss checks above, per backend)."""
     proc = run_cli("parity", f"{SCANNED}:remat", "--backends", "inductor-cpu,jax-cpu,xla-cpu", "--precision",
-                   "bf16-mixed", "--steps", "6", "--jobs", "2", "--format", "json", "--out", str(tmp_path))
+                   "bf16-mixed", "--steps", "4", "--jobs", "2", "--format", "json", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     record = json.loads(proc.stdout)
     assert {r["target"]: r["verdict"] for r in record["targets"]} == dict.fromkeys(

@@ -230,6 +230,15 @@ class TrainStep:
         self.device_type = device.type
         self.updates = 0
         self.optimizer = make_optimizer(program, model, on_device, foreach)
+        if compile:
+            # A new train step compiles as a fresh process would (the on-disk caches stay): Dynamo keeps the entries
+            # of earlier train steps of this process on the same code (torch.optim's step is one function for
+            # every optimizer, the loss the program's), invalidated once their model or optimizer is freed but
+            # counted toward its recompile limit (8); past it the step ran uncompiled, where a capturable AdamW on
+            # the CPU fails (measured: the 9th inductor run of one program in one process)
+            import torch._dynamo
+
+            torch._dynamo.reset_code_caches()
         self.loss_fn = compile(program.loss) if compile else program.loss
         self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
         self.random_factories: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
