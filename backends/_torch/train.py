@@ -236,9 +236,9 @@ class TrainStep:
             # every optimizer, the loss the program's), invalidated once their model or optimizer is freed but
             # counted toward its recompile limit (8); past it the step ran uncompiled, where a capturable AdamW on
             # the CPU fails (measured: the 9th inductor run of one program in one process)
-            import torch._dynamo
+            from torch import _dynamo
 
-            torch._dynamo.reset_code_caches()
+            _dynamo.reset_code_caches()
         self.loss_fn = compile(program.loss) if compile else program.loss
         self.optimizer_step = compile(self.optimizer.step) if compile else self.optimizer.step
         self.random_factories: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
