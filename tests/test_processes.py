@@ -5,6 +5,7 @@ dies or hangs named; checkpoints written by several processes resumed elsewhere.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -57,8 +58,11 @@ def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
     proc = run_cli(*args, env={"XBRIDGE_TEST_FAULT": "hang", "XBRIDGE_DIST_TIMEOUT": "8"}, timeout=300)
     assert proc.returncode == 1
     line = error_line(proc)
-    assert line.startswith("error: process 1 of 2 made no progress for 8 s (XBRIDGE_DIST_TIMEOUT; it was waiting "
-                           "for batch 2), and no process has since; every process was stopped"), line
+    # the first to stall is named: process 1 waiting for its batch, or, when under load process 0 entered step 2
+    # before process 1 began waiting, process 0 in that step (seen in one full suite, 2026-12-01)
+    assert re.match(r"error: process (1 of 2 made no progress for 8 s \(XBRIDGE_DIST_TIMEOUT; it was waiting for "
+                    r"batch 2\)|0 of 2 made no progress for 8 s \(XBRIDGE_DIST_TIMEOUT; it was in step 2\)), and no "
+                    r"process has since; every process was stopped", line), line
 
 
 def test_joining_a_cluster_where_there_is_none_is_one_line():
