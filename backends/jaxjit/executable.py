@@ -143,7 +143,7 @@ class JaxExecutable(Executable):
         buffers = {n: pieces.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
-        self.stacks = self._stacks(params)
+        self.stacks = Stacks.of_scan(self.scanner, self.lowered.canonical, self.trained, self.specs, params)
         params = self.stacks.stack(params)
         for key, members in self.stacks.groups.items():
             self.specs[key] = self.stacks.spec(self.specs[members[0]])
@@ -183,16 +183,6 @@ class JaxExecutable(Executable):
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
-
-    def _stacks(self, params: dict[str, jax.Array]) -> Stacks:
-        """The scanned layers' trained parameters to hold stacked (none without a scan)."""
-        if self.scanner is None:
-            return Stacks("", {})
-        first = self.scanner.layers[0]
-        canonical = self.lowered.canonical
-        tied = {c for c in canonical.values() if sum(v == c for v in canonical.values()) > 1}
-        return Stacks.build(self.scanner.path, len(self.scanner.layers), [n for n, _ in first.named_parameters()],
-                            self.trained, self.specs, {n: tuple(a.shape) for n, a in params.items()}, tied)
 
     def _loss(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
         """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its

@@ -42,6 +42,17 @@ class Stacks:
                 groups[f"{path}{SEPARATOR}{rel}"] = names
         return cls(path, groups)
 
+    @classmethod
+    def of_scan(cls, scanner: Any, canonical: dict[str, str], trained: list[str], specs: dict[str, Any],
+                params: dict[str, Any]) -> Stacks:
+        """The trained parameters of ``scanner``'s layers to hold stacked (none without a scan); ``canonical``:
+        each eager name's canonical (untied) name."""
+        if scanner is None:
+            return cls("", {})
+        tied = {c for c in canonical.values() if sum(v == c for v in canonical.values()) > 1}
+        return cls.build(scanner.path, len(scanner.layers), [n for n, _ in scanner.layers[0].named_parameters()],
+                         trained, specs, {n: tuple(a.shape) for n, a in params.items()}, tied)
+
     def __bool__(self) -> bool:
         return bool(self.groups)
 
