@@ -151,6 +151,80 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path, kill
     assert not list(ck.glob(".tmp-*"))
 
 
+def _stop(proc, *started):
+    """However a test ends: the supervisor and every process it started (``started``: those no longer its
+    children) are gone (a process still holding the supervisor's output would keep communicate() waiting)."""
+    import contextlib
+    import os
+    import signal
+
+    for pid in [proc.pid, *_descendants(proc.pid), *started]:     # its processes are in process groups of their own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)     # what they started: the test started it in a session of its own
+    proc.communicate(timeout=60)
+
+
+def _descendants(parent):
+    from pathlib import Path
+
+    found, frontier = [], [parent]
+    while frontier:
+        below = []
+        for entry in Path("/proc").iterdir():
+            with __import__("contextlib").suppress(OSError, ValueError, IndexError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) in frontier:
+                    below.append(int(entry.name))
+        found += below
+        frontier = below
+    return found
+
+
+def _alive(pid):
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_processes_die_with_a_supervisor_killed_outright():
+    """SIGKILL to the supervisor leaves it no time to stop its processes: the kernel does (PR_SET_PDEATHSIG), so
+    none of them runs on, alone, holding the terminal (here a 100000-step run)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
+                             "--processes", "2", "--devices", "2", "--steps", "100000"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "XBRIDGE_DEBUG": "0"})
+    children = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                children = [_child(proc.pid, str(index)) for index in range(2)]
+                break
+            except AssertionError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the processes never started"
+                time.sleep(0.05)
+        time.sleep(1.0)         # both running the program (past exec)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in children), "a process outlived its supervisor"
+    finally:
+        _stop(proc, *children)
+
+
 def _child(parent, index):
     """The pid of the supervised process ``index`` of the supervisor ``parent`` (from /proc)."""
     from pathlib import Path
@@ -185,7 +259,7 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
                              "--processes", "2", "--devices", "2", *SHARDED, "--steps", "100000",
                              "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60"})
     try:
         deadline = time.monotonic() + 300
@@ -193,11 +267,9 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "no third checkpoint"
             time.sleep(0.02)
         os.kill(_child(proc.pid, "1"), signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 130, stderr
     error = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and "interrupted after step " in error[0] and "--resume" in error[0], stderr

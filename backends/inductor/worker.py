@@ -11,22 +11,13 @@ import sys
 from multiprocessing.connection import Connection
 
 
-def die_with_parent() -> None:
-    """Linux: the kernel kills this worker when rank 0's process ends, however it ends."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> None:
     import signal
 
+    from xbridge.run.processes import die_with_parent
+
     conn = Connection(int(sys.argv[1]))
-    die_with_parent()
+    die_with_parent()       # the kernel kills this worker when rank 0's process ends, however it ends
     # Ctrl-C reaches the whole process group: rank 0 decides (it finishes the step, checkpoints, then stops us)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup = conn.recv()

@@ -189,7 +189,7 @@ def start(count: int, argv: list[str]) -> int:
                 # each in its own process group: a Ctrl-C at the terminal reaches this supervisor alone, which
                 # passes exactly one SIGINT to each (a second one would abort the final checkpoint)
                 procs.append(subprocess.Popen([sys.executable, "-m", "xbridge", *argv], env=env, stdout=out,
-                                              stderr=err, process_group=0))
+                                              stderr=err, process_group=0, preexec_fn=die_with_parent))
         failed: list[int] = []          # in the order their failures were seen
         deadline: float | None = None
         while any(p.poll() is None for p in procs):
@@ -227,13 +227,27 @@ def start(count: int, argv: list[str]) -> int:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
+        until = time.monotonic() + limit     # each finishes its step and the checkpoint; one that waits longer
+        for p in procs:                      # on a peer than the progress timeout is killed (finally)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, until - time.monotonic()))
         return 130
     finally:
         _kill(procs)
         if not keep_logs:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def die_with_parent() -> None:
+    """Called in a started process (the supervisor's children before they run, inductor's worker ranks): on Linux
+    the kernel kills it when its parent dies, however it dies (SIGKILL leaves the parent no time to stop it), so no
+    process of a job outlives the command that started it. Elsewhere nothing: the parent's own exits stop them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)      # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):       # no prctl in this libc (not Linux)
+        pass
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
