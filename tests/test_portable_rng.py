@@ -84,7 +84,8 @@ def test_dropout_and_friends_route_to_the_generator():
 
 @pytest.mark.slow
 @pytest.mark.cli
-@pytest.mark.parametrize("devices,backends", [("4", "inductor-cpu,jax-cpu:sharding-mode=shard_map,xla-cpu")])
+# Suite time: 2 devices (4 passed in the full run of 2026-12-02, 127 s, and left the suite then)
+@pytest.mark.parametrize("devices,backends", [("2", "inductor-cpu,jax-cpu:sharding-mode=shard_map,xla-cpu")])
 def test_every_backend_draws_the_same_numbers(tmp_path, devices, backends):
     """Dropout, dropout2d, attention dropout, randn_like and rand in one forward, micro-batches of 16 rows; each
     device (inductor rank, shard_map shard, SPMD shard) draws only its rows' numbers. (1 device on every backend:

@@ -24,9 +24,10 @@ def _parity(out, name, steps, target, *devices):
     return json.loads(proc.stdout)
 
 
-# Suite time: the MLP on GSPMD and the GPT on shard_map here; the other two pairs passed by hand (2026-12-01: the
-# MLP on shard_map and the GPT on GSPMD, 2 x 4 against 1 x 8 and against eager, within the fp32 policy)
-@pytest.mark.parametrize("name,steps,target", [("mlp", 5, "jax-cpu"), ("gpt", 3, "jax-cpu:sharding-mode=shard_map")])
+# Suite time: the MLP on GSPMD and on shard_map here; the GPT on shard_map passed in the full run of 2026-12-02 and
+# left the suite then (72 s), the GPT on GSPMD by hand (2026-12-01: 2 x 4 against 1 x 8 and against eager, within
+# the fp32 policy)
+@pytest.mark.parametrize("name,steps,target", [("mlp", 5, "jax-cpu"), ("mlp", 5, "jax-cpu:sharding-mode=shard_map")])
 def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, name, steps, target):
     """data x model = 4 x 2: each process holds half the batch rows and feeds only those."""
     two = _parity(tmp_path / "2x4", name, steps, target, "--devices", "4", "--processes", "2")
