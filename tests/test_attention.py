@@ -116,6 +116,30 @@ def test_jax_routes_attention_to_the_pallas_tpu_kernel_as_torch_computes_it(case
                        rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("case", ["bool_mask", "float_mask", "grouped_query", "scale", "long"])
+def test_xla_hands_the_pallas_kernel_what_torch_computes(case):
+    """The translation behind --attention flash on xla-tpu (backends/xlaspmd/attention.flash_inputs: torch tensors
+    as torch_xla's flash_attention takes them), handed to the Pallas TPU kernel that torch_xla's custom call wraps,
+    run in Pallas's TPU interpret mode: its output equals torch's attention (the custom call itself needs a TPU)."""
+    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
+    pytest.importorskip("torchax", reason="JAX (its Pallas kernel) is not installed")
+    import jax.numpy as jnp
+    import torch.nn.functional as F
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas
+
+    from xbridge.backends.xlaspmd.attention import flash_inputs
+
+    (query, key, value), kwargs, _ = _attention_case(case, length=256 if case == "long" else 128)
+    expected = F.scaled_dot_product_attention(query, key, value, **kwargs)
+    q, k, v, ab, scale = flash_inputs(query, key, value, kwargs.get("attn_mask"), kwargs["scale"])
+    with pltpu.force_tpu_interpret_mode():
+        out = pallas.flash_attention(*(jnp.asarray(t.numpy()) for t in (q, k, v)),
+                                     None if ab is None else jnp.asarray(ab.numpy()), causal=kwargs["is_causal"],
+                                     sm_scale=scale)
+    np.testing.assert_allclose(np.asarray(out).reshape(expected.shape), expected.numpy(), rtol=2e-5, atol=2e-5)
+
+
 def test_the_pallas_kernel_refuses_what_it_cannot_tile():
     pytest.importorskip("torchax", reason="the jax backend is not installed (pip install 'xbridge[jax]')")
     import jax.numpy as jnp
@@ -124,7 +148,7 @@ def test_the_pallas_kernel_refuses_what_it_cannot_tile():
     from xbridge.errors import ConfigError
 
     q = jnp.zeros((1, 2, 200, 8))
-    with pytest.raises(ConfigError, match="this attention call has a sequence of 200 and a head dim of 8"):
+    with pytest.raises(ConfigError, match="this attention call has sequences of 200/200 and head dims of 8/8"):
         pallas_flash_attention(q, q, q)
     with pytest.raises(ConfigError, match="takes no dropout, and this attention call has dropout_p=0.1"):
         pallas_flash_attention(q, q, q, dropout_p=0.1)
@@ -137,4 +161,7 @@ def test_xla_reports_the_math_form_and_refuses_a_fused_kernel():
     assert json.loads(proc.stdout)["summary"]["attention"] == {"math (XLA)": 3}
     proc = run_cli("run", str(PROGRAMS / "gpt.py"), "--backend", "xla-cpu", "--attention", "flash", "--steps", "2")
     assert proc.returncode == 2
-    assert "StepOptions attention='flash' is not available on xla-cpu" in one_error_line(proc)
+    assert one_error_line(proc) == ("error: StepOptions attention='flash' is not available on xla-cpu: torch_xla's "
+                                    "Pallas flash attention kernel (torch_xla.experimental.custom_kernel."
+                                    "flash_attention) runs on TPUs only; use attention='auto' or 'math' here, or the "
+                                    "target xla-tpu")

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 
 from xbridge.errors import ConfigError
 
+from ..fused_attention import flash_tiles, no_dropout
+
 TORCHAX = "math (torchax reference, XLA)"     # torchax 0.0.13's only lowering of attention
 CUDNN = "cuDNN (jax.nn.dot_product_attention)"
 FLASH = "Pallas TPU flash attention (jax.experimental.pallas.ops.tpu)"
@@ -41,7 +43,6 @@ KERNELS = {"auto": TORCHAX, "math": TORCHAX, "cudnn": CUDNN, "flash": FLASH}
 # a fused kernel -> (the JAX platform that runs it, in words, the target to use)
 NEEDS = {"cudnn": ("gpu", "jax.nn.dot_product_attention(implementation='cudnn') runs on NVIDIA GPUs only", "jax-cuda"),
          "flash": ("tpu", "the Pallas flash attention kernel runs on TPUs only", "jax-tpu")}
-BLOCK = 128     # the Pallas kernel's tile (BlockSizes.get_default; MIN_BLOCK_SIZE in its backward)
 
 
 def check(attention: str, target: str, platform: str) -> None:
@@ -56,18 +57,11 @@ def check(attention: str, target: str, platform: str) -> None:
                           f"use attention='auto' or 'math' here, or the target {NEEDS[attention][2]}")
 
 
-def _no_dropout(attention: str, dropout_p: float) -> None:
-    if dropout_p:
-        raise ConfigError(f"StepOptions attention={attention!r}: the fused kernel takes no dropout, and this "
-                          f"attention call has dropout_p={dropout_p}; use attention='auto' (the torchax reference "
-                          "draws it)")
-
-
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, attn_mask: jax.Array | None = None,
                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                           enable_gqa: bool = False, *, implementation: str) -> jax.Array:
     """torch's ``scaled_dot_product_attention`` (its arguments, its layout) as ``jax.nn.dot_product_attention``."""
-    _no_dropout("cudnn" if implementation == "cudnn" else implementation, dropout_p)
+    no_dropout("cudnn" if implementation == "cudnn" else implementation, dropout_p)
     q, k, v = (jnp.swapaxes(t, -3, -2) for t in (query, key, value))
     mask = bias = None
     if attn_mask is not None:
@@ -80,36 +74,22 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
     return jnp.swapaxes(out, -3, -2)
 
 
-def _tiles(length: int, dim: int) -> None:
-    """The kernel's shapes: its backward tiles the keys in blocks of :data:`BLOCK` (a whole number of them) and its
-    head dimension is at most one lane row (128) or a multiple of one."""
-    if length % BLOCK or (dim > BLOCK and dim % BLOCK):
-        raise ConfigError(f"StepOptions attention='flash': the Pallas TPU flash attention kernel tiles sequences in "
-                          f"blocks of {BLOCK} and takes a head dim of at most {BLOCK} or a multiple of it; this "
-                          f"attention call has a sequence of {length} and a head dim of {dim}; use attention='auto'")
-
-
 def pallas_flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, attn_mask: jax.Array | None = None,
                            dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                            enable_gqa: bool = False) -> jax.Array:
     """torch's ``scaled_dot_product_attention`` (its arguments, its layout) as the Pallas TPU flash kernel."""
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas
 
-    _no_dropout("flash", dropout_p)
-    if query.ndim < 3 or value.shape[-1] != query.shape[-1]:
-        raise ConfigError(f"StepOptions attention='flash': the Pallas TPU flash attention kernel takes queries, keys "
-                          f"and values of (batch, heads, sequence, dim) with one dim; this attention call has a "
-                          f"query of {tuple(query.shape)} and a value of {tuple(value.shape)}; use attention='auto'")
+    no_dropout("flash", dropout_p)
     lead, (length, dim), kv_length = query.shape[:-2], query.shape[-2:], key.shape[-2]
+    flash_tiles((length, kv_length), dim, value.shape[-1])
 
     def four(t: jax.Array) -> jax.Array:      # (..., heads, seq, dim) -> (batch, heads, seq, dim)
-        return t.reshape((-1, *t.shape[-3:])) if t.ndim > 3 else t[:, None]
+        return t.reshape((-1, t.shape[-3] if t.ndim > 3 else 1, *t.shape[-2:]))
 
     q, k, v = four(query), four(key), four(value)
     if k.shape[1] != q.shape[1]:               # grouped-query attention: each key/value head serves a group
         k, v = (jnp.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
-    for n in (length, kv_length):
-        _tiles(n, dim)
     scale = scale if scale is not None else 1.0 / float(dim) ** 0.5
     ab = None
     if attn_mask is not None:       # the kernel scales the sum, (q.k + ab) * scale; torch adds its mask after
