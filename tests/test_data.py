@@ -27,6 +27,19 @@ def _rows(x):
     return sorted(row.tobytes() for row in x)
 
 
+def test_digits_are_scikit_learns_load_digits():
+    """Read from scikit-learn's own data file without importing it: the same images and labels as load_digits."""
+    from sklearn.datasets import load_digits
+
+    from xbridge.data.bundled import _digits
+
+    x, y = _digits()
+    bunch = load_digits()
+    np.testing.assert_array_equal(x, (bunch.data / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(y, bunch.target)
+    assert x.shape == (1797, 64) and y.dtype == np.int64
+
+
 def test_digits_epochs_are_permutations():
     from xbridge.data.bundled import _digits
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xbridge import hints
-from xbridge.backend import CompileCache, Executable, Target, on_host
+from xbridge.backend import CompileCache, Target, on_host
 from xbridge.cache import cache_dir
 from xbridge.data import contract
 from xbridge.data.contract import BatchCheck, checked_batch
@@ -36,6 +36,7 @@ from .._torch.train import build_model, eval_mode, tensor_to_numpy
 from . import attention, ops, optimizers, pieces, remat, scan
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 from .stacking import Stacks
+from .state_io import JaxState
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
 _EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
@@ -83,12 +84,7 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
     return array
 
 
-def _full(value: Any, dtype: Any) -> np.ndarray:
-    return np.asarray(value).astype(dtype)
-
-
-
-class JaxExecutable(Executable):
+class JaxExecutable(JaxState):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
         enable_compilation_cache()
@@ -445,102 +441,6 @@ class JaxExecutable(Executable):
         # float() waits for the device
         return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
 
-    def _host(self, tree: Any) -> Any:
-        """Numpy copies of whole arrays: gathered from every process when the mesh spans several (every process
-        calls this at the same point: it is a collective)."""
-        if self.processes == 1:
-            return jax.device_get(tree)
-        from jax.experimental import multihost_utils
-
-        return multihost_utils.process_allgather(tree, tiled=True)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        host = self._host({"params": self.state["params"], "buffers": self.state["buffers"]})
-        return self._model_state(self.stacks.unstack(host["params"]), host["buffers"], _full)
-
-    def _model_state(self, params: Any, buffers: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
-        """Parameters and buffers under the eager names, each ``convert(value, dtype)``: floating ones in float32,
-        the others in the dtype they came in."""
-        out = {}
-        for name in self.names:
-            canonical = self.lowered.canonical.get(name)
-            value = params[canonical] if canonical is not None else buffers[name]
-            floating = jnp.issubdtype(value.dtype, jnp.floating)
-            out[name] = convert(value, np.float32 if floating else self.dtypes[name])
-        return out
-
-    def _eager_names(self) -> dict[str, str]:
-        """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters); only
-        the parameters the optimizer updates (torch.optim keeps no state for the others)."""
-        out: dict[str, str] = {}
-        for eager, canonical in self.lowered.canonical.items():
-            if canonical in self.trained:
-                out.setdefault(canonical, eager)
-        return out
-
-    def training_state(self) -> dict[str, np.ndarray]:
-        return self._train_state(self._host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
-                                 _full)
-
-    def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
-        """The optimizer, the step count and the loss scaler under the checkpoint names, each ``convert(value,
-        dtype)``."""
-        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(),
-                                      lambda leaf: convert(leaf, np.float32))
-        out["loop/updates"] = convert(state["step"], np.int64)
-        if self.scaling:
-            out["scaler/scale"] = convert(state["scaler"].scale, np.float32)
-            out["scaler/growth_tracker"] = convert(state["scaler"].growth_tracker, np.int64)
-        return out
-
-    def load_training_state(self, state: dict[str, Any]) -> None:
-        """Checkpoint arrays (from any backend) into the optimizer state, each device reading its slice of each."""
-        def place(value: Any, like: jax.Array) -> jax.Array:
-            return pieces.placed(optimizers.Cast(value, like.dtype), like.sharding)
-
-        loaded = dict(self.state)
-        loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
-                                                                       state, self._eager_names(), place))
-        loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
-        if self.scaling and "scaler/scale" in state:
-            loaded["scaler"] = optimizers.ScalerState(np.asarray(np.asarray(state["scaler/scale"]), dtype=np.float32),
-                                                      np.asarray(np.asarray(state["scaler/growth_tracker"]),
-                                                                 dtype=np.int32))
-        self.state = jax.device_put(loaded, self.state_shardings)
-
-    def any_process(self, flag: bool) -> bool:
-        if self.processes == 1:
-            return flag
-        from jax.experimental import multihost_utils
-
-        return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
-
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
-        """One process: full arrays. Several: each process's pieces (its devices' shards, a replicated one by the
-        replica numbered 0 only), nothing gathered, and the processes' barrier."""
-        if self.processes == 1:
-            return super().checkpoint_state()
-        from jax.experimental import multihost_utils
-
-        from xbridge.run.shards import Group
-
-        model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"], pieces.held)
-        train = self._train_state(self.state, pieces.held)
-        return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
-
-    def nonfinite_grads(self) -> list[str]:
-        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
-        if self._bad_grads is None:
-            return []
-        bad = np.asarray(self._host(self._bad_grads))
-        names = self._eager_names()
-        flagged = {names[n] for n, count in zip(self.bad_grad_names, bad) if count > 0 and n in names}
-        return [n for n in self.names if n in flagged]
-
-    def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
-        """The live sharding of every trained parameter (for tests and inspection)."""
-        return {n: a.sharding for n, a in self.stacks.unstack(self.state["params"]).items()}
-
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
         from torchax import interop
@@ -567,10 +467,6 @@ class JaxExecutable(Executable):
         from .._torch.attention import meta_calls
 
         return meta_calls(self.program, attention.KERNELS[self.program.step.attention])
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
-                for n, a in self.stacks.unstack(self.state["params"]).items()}
 
     def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
         """jax.profiler: ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and the

@@ -35,7 +35,7 @@ from xbridge.planner import ShardingPlan
 
 from .._torch import remat as shared_remat
 from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
-from . import ops, remat, scan
+from . import attention, ops, remat, scan
 
 _RUNTIME_READY = False
 
@@ -182,12 +182,9 @@ class XlaExecutable(TorchTrainState):
         return xs.mark_sharding_with_gradients(x, self.mesh, self._spec(spec, x.dim()))
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
-        if self.program.step.attention not in ("auto", "math"):
-            raise ConfigError(f"StepOptions attention={self.program.step.attention!r} is not available on "
-                              f"{self.target}: torch_xla 2.9 runs scaled_dot_product_attention as XLA operations "
-                              "(torch's math form); its Pallas flash kernel is a separate TPU-only call "
-                              "(torch_xla.experimental.custom_kernel.flash_attention) that xbridge does not route "
-                              "attention to; use attention='auto' or 'math'")
+        step = self.program.step
+        attention.check(step.attention, str(self.target), self.target.device, self.mode,
+                        bool(step.scan_layers))
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
         if scan.apply(self.model, self.program, str(self.target), self.mode) is None:   # a scan recomputes itself
@@ -224,16 +221,19 @@ class XlaExecutable(TorchTrainState):
     def step(self, batch: Any) -> dict[str, float]:
         tensors = self.put(batch) if on_host(batch) else batch
         lr = self.train_step.lr
-        with hints.activate(self._hint):
+        with hints.activate(self._hint), self._attention():
             loss, norm = self.compiled(tensors)
         return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item())}   # .item() waits for the device
 
     def evaluate(self, batch: Any) -> float:
         """The loss in eval mode as lazy tensors (one XLA graph, compiled once), in either mode."""
         tensors = self.put(batch) if on_host(batch) else batch
-        with hints.activate(self._lazy_hint):
+        with hints.activate(self._lazy_hint), self._attention():
             loss = eval_loss(self.program.loss, self.model, tensors, self.program, "xla")
         return float(loss.item())
+
+    def _attention(self) -> contextlib.AbstractContextManager[Any]:
+        return attention.routed(self.program.step.attention, self.mesh, self.plan.batch[0] if self.plan.batch else None)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         with self._host_export():
@@ -290,12 +290,14 @@ class XlaExecutable(TorchTrainState):
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """Probed on lazy tensors as they are traced (scanned layers as the scan's body in a loop); the graph is
         dropped, never executed."""
-        from .._torch.attention import probe
+        from .._torch.attention import meta_calls, probe
         from .._torch.layer_scan import looping
 
+        if self.program.step.attention == "flash":      # every call routed to the kernel (attention.py)
+            return meta_calls(self.program, attention.FLASH)
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         with looping():
-            return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math="math (XLA)")
+            return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math=attention.MATH)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         out = {}

@@ -1,0 +1,139 @@
+"""The JAX executable's state as the rest of xbridge sees it: under the eager names, whatever the lowering holds
+(scanned layers stacked, tied parameters once, the optimizer's own tree); gathered from every process or written
+as each process's pieces; checkpoint arrays of any backend placed back, each device reading its slice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xbridge.backend import Executable
+from xbridge.ir.program import Program
+
+from . import optimizers, pieces
+from .lowering import LoweredLoss
+from .stacking import Stacks
+
+
+def _full(value: Any, dtype: Any) -> np.ndarray:
+    return np.asarray(value).astype(dtype)
+
+
+class JaxState(Executable):
+    """What JaxExecutable sets up in ``init``, read and written here."""
+    program: Program
+    state: dict[str, Any]
+    state_shardings: Any
+    stacks: Stacks
+    lowered: LoweredLoss
+    names: list[str]                    # eager names of the parameters and buffers, eager order
+    dtypes: dict[str, Any]
+    trained: list[str]                  # canonical names the optimizer updates
+    bad_grad_names: list[str]
+    scaling: bool
+    processes: int
+    _bad_grads: jax.Array | None
+
+    def _host(self, tree: Any) -> Any:
+        """Numpy copies of whole arrays: gathered from every process when the mesh spans several (every process
+        calls this at the same point: it is a collective)."""
+        if self.processes == 1:
+            return jax.device_get(tree)
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        host = self._host({"params": self.state["params"], "buffers": self.state["buffers"]})
+        return self._model_state(self.stacks.unstack(host["params"]), host["buffers"], _full)
+
+    def _model_state(self, params: Any, buffers: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        """Parameters and buffers under the eager names, each ``convert(value, dtype)``: floating ones in float32,
+        the others in the dtype they came in."""
+        out = {}
+        for name in self.names:
+            canonical = self.lowered.canonical.get(name)
+            value = params[canonical] if canonical is not None else buffers[name]
+            floating = jnp.issubdtype(value.dtype, jnp.floating)
+            out[name] = convert(value, np.float32 if floating else self.dtypes[name])
+        return out
+
+    def _eager_names(self) -> dict[str, str]:
+        """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters); only
+        the parameters the optimizer updates (torch.optim keeps no state for the others)."""
+        out: dict[str, str] = {}
+        for eager, canonical in self.lowered.canonical.items():
+            if canonical in self.trained:
+                out.setdefault(canonical, eager)
+        return out
+
+    def training_state(self) -> dict[str, np.ndarray]:
+        return self._train_state(self._host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
+                                 _full)
+
+    def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        """The optimizer, the step count and the loss scaler under the checkpoint names, each ``convert(value,
+        dtype)``."""
+        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(),
+                                      lambda leaf: convert(leaf, np.float32))
+        out["loop/updates"] = convert(state["step"], np.int64)
+        if self.scaling:
+            out["scaler/scale"] = convert(state["scaler"].scale, np.float32)
+            out["scaler/growth_tracker"] = convert(state["scaler"].growth_tracker, np.int64)
+        return out
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Checkpoint arrays (from any backend) into the optimizer state, each device reading its slice of each."""
+        def place(value: Any, like: jax.Array) -> jax.Array:
+            return pieces.placed(optimizers.Cast(value, like.dtype), like.sharding)
+
+        loaded = dict(self.state)
+        loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
+                                                                       state, self._eager_names(), place))
+        loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
+        if self.scaling and "scaler/scale" in state:
+            loaded["scaler"] = optimizers.ScalerState(np.asarray(np.asarray(state["scaler/scale"]), dtype=np.float32),
+                                                      np.asarray(np.asarray(state["scaler/growth_tracker"]),
+                                                                 dtype=np.int32))
+        self.state = jax.device_put(loaded, self.state_shardings)
+
+    def any_process(self, flag: bool) -> bool:
+        if self.processes == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """One process: full arrays. Several: each process's pieces (its devices' shards, a replicated one by the
+        replica numbered 0 only), nothing gathered, and the processes' barrier."""
+        if self.processes == 1:
+            return super().checkpoint_state()
+        from jax.experimental import multihost_utils
+
+        from xbridge.run.shards import Group
+
+        model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"], pieces.held)
+        train = self._train_state(self.state, pieces.held)
+        return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
+
+    def nonfinite_grads(self) -> list[str]:
+        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
+        if self._bad_grads is None:
+            return []
+        bad = np.asarray(self._host(self._bad_grads))
+        names = self._eager_names()
+        flagged = {names[n] for n, count in zip(self.bad_grad_names, bad) if count > 0 and n in names}
+        return [n for n in self.names if n in flagged]
+
+    def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
+        """The live sharding of every trained parameter (for tests and inspection)."""
+        return {n: a.sharding for n, a in self.stacks.unstack(self.state["params"]).items()}
+
+    def layout(self) -> dict[str, dict[str, Any]]:
+        return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
+                for n, a in self.stacks.unstack(self.state["params"]).items()}
