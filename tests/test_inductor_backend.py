@@ -166,17 +166,14 @@ def test_a_worker_that_dies_or_hangs_is_named():
 
 
 @pytest.mark.slow
-def test_many_runs_in_one_process_stay_compiled(monkeypatch):
+def test_many_runs_in_one_process_stay_compiled():
     """A long-lived process (a notebook, this suite) runs one program on inductor again and again: each run compiles
     as a fresh process would. Dynamo counted the freed earlier runs' entries toward its recompile limit (8), and the
-    9th run's AdamW step fell back to eager, where its capturable form fails on the CPU. Suite time: the limit is
-    lowered to 2 here, so the 3rd run is the one that failed (10 runs of a 6-layer GPT under the default limit of 8 passed in the
-    full run of 2026-12-02)."""
-    from torch._dynamo import config
-
+    9th run's AdamW step fell back to eager, where its capturable form fails on the CPU. (Lowering the limit to
+    shorten this case does not work: torch._dynamo.config does not take a monkeypatch back cleanly, and at a limit of
+    2 a step within one run already fell back to eager and its loss moved by 5e-7.)"""
     from xbridge.program_file import load_program
 
-    monkeypatch.setattr(config, "recompile_limit", 2)
-    program = load_program(str(ROOT / "programs" / "gpt.py"))     # AdamW
-    losses = [[s.loss for s in run(program, "inductor-cpu", RunOptions(steps=2, warmup=1)).steps] for _ in range(4)]
+    program = load_program(f"{ROOT / 'tests' / 'fixtures' / 'scanned_gpt.py'}:unrolled_6")
+    losses = [[s.loss for s in run(program, "inductor-cpu", RunOptions(steps=2, warmup=1)).steps] for _ in range(10)]
     assert all(run_losses == losses[0] for run_losses in losses), losses
