@@ -12,6 +12,18 @@ from __future__ import annotations
 from xbridge.errors import ConfigError
 
 BLOCK = 128
+MASK_VALUE = -0.7 * float.fromhex("0x1.fffffep+127")     # the kernel's DEFAULT_MASK_VALUE: -0.7 * float32 max
+
+
+def flash_scale(scale: float | None, dim: int) -> float:
+    """torch's scale (``1/sqrt(dim)`` unless given), which the kernel takes as ``sm_scale``."""
+    return scale if scale is not None else 1.0 / float(dim) ** 0.5
+
+
+def masked_bias(scale: float) -> float:
+    """The additive bias where a boolean mask does not attend: the kernel's mask value, kept finite once the
+    kernel multiplies it by ``scale``."""
+    return MASK_VALUE / max(1.0, scale)
 
 
 def no_dropout(attention: str, dropout_p: float) -> None:

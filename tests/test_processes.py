@@ -168,13 +168,14 @@ def _stop(proc, *started):
 
 
 def _descendants(parent):
+    import contextlib
     from pathlib import Path
 
     found, frontier = [], [parent]
     while frontier:
         below = []
         for entry in Path("/proc").iterdir():
-            with __import__("contextlib").suppress(OSError, ValueError, IndexError):
+            with contextlib.suppress(OSError, ValueError, IndexError):
                 if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) in frontier:
                     below.append(int(entry.name))
         found += below

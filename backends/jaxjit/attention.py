@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from xbridge.errors import ConfigError
 
-from ..fused_attention import flash_tiles, no_dropout
+from ..fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
 
 TORCHAX = "math (torchax reference, XLA)"     # torchax 0.0.13's only lowering of attention
 CUDNN = "cuDNN (jax.nn.dot_product_attention)"
@@ -61,7 +61,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                           enable_gqa: bool = False, *, implementation: str) -> jax.Array:
     """torch's ``scaled_dot_product_attention`` (its arguments, its layout) as ``jax.nn.dot_product_attention``."""
-    no_dropout("cudnn" if implementation == "cudnn" else implementation, dropout_p)
+    no_dropout(implementation, dropout_p)
     q, k, v = (jnp.swapaxes(t, -3, -2) for t in (query, key, value))
     mask = bias = None
     if attn_mask is not None:
@@ -90,10 +90,10 @@ def pallas_flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, a
     q, k, v = four(query), four(key), four(value)
     if k.shape[1] != q.shape[1]:               # grouped-query attention: each key/value head serves a group
         k, v = (jnp.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
-    scale = scale if scale is not None else 1.0 / float(dim) ** 0.5
+    scale = flash_scale(scale, dim)
     ab = None
     if attn_mask is not None:       # the kernel scales the sum, (q.k + ab) * scale; torch adds its mask after
-        bias = (jnp.where(attn_mask, 0.0, pallas.DEFAULT_MASK_VALUE / max(1.0, scale))
+        bias = (jnp.where(attn_mask, 0.0, masked_bias(scale))
                 if attn_mask.dtype == jnp.bool_ else attn_mask.astype(jnp.float32) / scale)
         ab = jnp.broadcast_to(bias, (*lead, length, kv_length)).reshape(q.shape[0], q.shape[1], length, kv_length)
     out = pallas.flash_attention(q, k, v, ab, causal=is_causal, sm_scale=scale)   # its default tiles: 128 each way

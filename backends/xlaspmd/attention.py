@@ -27,11 +27,10 @@ from torch.overrides import TorchFunctionMode
 
 from xbridge.errors import ConfigError
 
-from ..fused_attention import flash_tiles, no_dropout
+from ..fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
 
 MATH = "math (XLA)"
 FLASH = "Pallas TPU flash attention (torch_xla custom_kernel)"
-DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)    # the kernel's own (flash_attention.py)
 
 
 def check(attention: str, target: str, device: str, mode: str, scanned: bool) -> None:
@@ -65,11 +64,11 @@ def flash_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     q, k, v = four(query), four(key), four(value)
     if k.shape[1] != q.shape[1]:        # grouped-query attention: each key/value head serves a group
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    scale = scale if scale is not None else 1.0 / float(dim) ** 0.5
+    scale = flash_scale(scale, dim)
     ab = None
-    if attn_mask is not None:
+    if attn_mask is not None:       # the kernel scales the sum, (q.k + ab) * scale; torch adds its mask after
         if attn_mask.dtype == torch.bool:
-            bias = torch.where(attn_mask, 0.0, DEFAULT_MASK_VALUE / max(1.0, scale))
+            bias = torch.where(attn_mask, 0.0, masked_bias(scale))
         else:
             bias = attn_mask.float() / scale
         ab = bias.expand(*lead, length, kv_length).reshape(q.shape[0], q.shape[1], length, kv_length)

@@ -183,8 +183,7 @@ class XlaExecutable(TorchTrainState):
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
         step = self.program.step
-        attention.check(step.attention, str(self.target), self.target.device, self.mode,
-                        bool(step.scan_layers))
+        attention.check(step.attention, str(self.target), self.target.device, self.mode, step.scan_layers)
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
         if scan.apply(self.model, self.program, str(self.target), self.mode) is None:   # a scan recomputes itself
