@@ -57,7 +57,8 @@ XLA_DOT = re.compile(r"= \w+\[[^\]]*\](?:\{[^}]*\})? dot\(")
 
 def _xla_scanned(tmp_path, name, *extra):
     """One ``xbridge run`` of scanned_gpt.py:NAME on xla-cpu (a fresh process, as a user runs it): its losses, and
-    the matrix products and while loops of the first train step's HLO module, as torch_xla handed it to XLA."""
+    the matrix products, while loops and instructions of the first train step's HLO module, as torch_xla handed it
+    to XLA."""
     dump = tmp_path / name
     proc = run_cli("run", f"{SCANNED}:{name}", "--backend", "xla-cpu", "--steps", "4", "--warmup", "2",
                    "--format", "json", "--dump", str(dump), *extra)
@@ -66,26 +67,51 @@ def _xla_scanned(tmp_path, name, *extra):
     assert record["summary"]["recompiles_after_warmup"] == 0     # the traced layer is reused, not traced anew
     steps = sorted(p for p in dump.rglob("*before_optimizations.txt") if ".xbridge-" in p.name)   # the train step
     hlo = steps[0].read_text(errors="replace")
-    return [s["loss"] for s in record["steps"]], len(XLA_DOT.findall(hlo)), hlo.count(" while(")
+    return [s["loss"] for s in record["steps"]], len(XLA_DOT.findall(hlo)), hlo.count(" while("), hlo.count(" = ")
 
 
 def test_xla_scans_the_layers_as_one_loop(tmp_path):
     """torch_xla's scan: the step's graph holds one layer in a While loop whatever the depth (the same number of
     matrix products at 2 and 6 layers; unrolled, 6 layers hold more), and the losses are eager's unrolled loop's.
     With remat='full' the backward loop recomputes the layer (more products in the same loops) and the losses stay
-    eager's."""
+    eager's. The layers' parameters and Adam state are held stacked between steps, so the whole step (the update,
+    clipping and the gradient norm too) is the same graph at 2 and 6 layers: with them per layer, the optimizer's
+    part grew with depth (measured: 4518 and 8542 instructions, against 3386 at both now)."""
     from xbridge.program_file import load_program
 
-    losses_6, dots_6, loops_6 = _xla_scanned(tmp_path, "layers_6")
-    _, dots_2, _ = _xla_scanned(tmp_path, "layers_2")
-    _, dots_unrolled, loops_unrolled = _xla_scanned(tmp_path, "unrolled_6")
-    losses_remat, dots_remat, loops_remat = _xla_scanned(tmp_path, "remat")
+    losses_6, dots_6, loops_6, size_6 = _xla_scanned(tmp_path, "layers_6")
+    _, dots_2, _, size_2 = _xla_scanned(tmp_path, "layers_2")
+    _, dots_unrolled, loops_unrolled, size_unrolled = _xla_scanned(tmp_path, "unrolled_6")
+    losses_remat, dots_remat, loops_remat, _ = _xla_scanned(tmp_path, "remat")
     assert loops_6 >= 1 and loops_unrolled == 0 and loops_remat == loops_6
     assert dots_6 == dots_2 < dots_unrolled, (dots_2, dots_6, dots_unrolled)
+    assert size_6 == size_2 < size_unrolled, (size_2, size_6, size_unrolled)
     assert dots_remat > dots_6, (dots_remat, dots_6)
     reference = _losses(load_program(f"{SCANNED}:unrolled_6"), "eager-cpu", steps=4)
     np.testing.assert_allclose(losses_6, reference, rtol=1e-5)
     np.testing.assert_allclose(losses_remat, reference, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
+    """The stacked parameters and Adam moments of a scanned xla run, split over model=2, are checkpointed under the
+    eager names and resume an unrolled eager run, and the other way round; the layout names every layer."""
+    from xbridge.program_file import load_program
+
+    unrolled = load_program(f"{SCANNED}:unrolled_6")
+    reference = _losses(unrolled, "eager-cpu", steps=6)
+    xla = ("--backend", "xla-cpu", "--devices", "2", "--mesh", "data=-1,model=2", "--warmup", "1", "--format", "json")
+    first = run_cli("run", f"{SCANNED}:layers_6", "--steps", "3", "--checkpoint-dir", str(tmp_path / "xla"), *xla)
+    assert first.returncode == 0, first.stderr[-2000:]
+    layout = json.loads(first.stdout)["layout"]
+    assert layout["blocks.5.q.weight"]["shard_shapes"] == [[16, 32]] * 2 and "blocks.*.q.weight" not in layout
+    resumed = run(unrolled, "eager-cpu", RunOptions(steps=6, warmup=1, resume=tmp_path / "xla"))
+    np.testing.assert_allclose([s.loss for s in resumed.steps], reference[3:], rtol=2e-5)
+
+    run(unrolled, "eager-cpu", RunOptions(steps=3, warmup=1, checkpoint_dir=tmp_path / "eager"))
+    rest = run_cli("run", f"{SCANNED}:layers_6", "--steps", "6", "--resume", str(tmp_path / "eager"), *xla)
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    np.testing.assert_allclose([s["loss"] for s in json.loads(rest.stdout)["steps"]], reference[3:], rtol=2e-5)
 
 
 @pytest.mark.parametrize("name, extra, message", [

@@ -44,6 +44,7 @@ class LayerScan:
         self.layer_forward = layers[0].forward       # as remat left it, if it did
         first = layers[0]
         self.names = [n for n, _ in [*first.named_parameters(), *first.named_buffers()]]
+        self.held: dict[str, torch.Tensor] = {}     # layer-relative name -> the layers' stacked parameter
         self.inside = False
         self.expected: torch.Tensor | None = None
         self.next = 0
@@ -58,8 +59,19 @@ class LayerScan:
 
     def weights(self) -> dict[str, list[torch.Tensor]]:
         """Each parameter and buffer name of a layer -> that tensor of every layer, in order."""
-        per_layer = [dict([*layer.named_parameters(), *layer.named_buffers()]) for layer in self.layers]
-        return {name: [tensors[name] for tensors in per_layer] for name in self.names}
+        per_layer = self._per_layer()
+        return {name: list(self.held[name].unbind(0)) if name in self.held else [t[name] for t in per_layer]
+                for name in self.names}
+
+    def stacked_weights(self) -> dict[str, torch.Tensor]:
+        """Each parameter and buffer name of a layer -> every layer's on a leading axis: the parameters the backend
+        holds stacked (:attr:`held`, backends/_torch/stacked_params.py) as they are, the rest stacked now."""
+        per_layer = self._per_layer()
+        return {name: self.held[name] if name in self.held else torch.stack([t[name] for t in per_layer])
+                for name in self.names}
+
+    def _per_layer(self) -> list[dict[str, torch.Tensor]]:
+        return [dict([*layer.named_parameters(), *layer.named_buffers()]) for layer in self.layers]
 
     def call_first(self, weights: dict[str, Any], hidden: torch.Tensor, rest: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from xbridge.ir.optim import SGD, AdamW
 from xbridge.ir.precision import Precision
 from xbridge.ir.program import Program
 from xbridge.weights import tensor_to_numpy, to_numpy_state
+
+if TYPE_CHECKING:
+    from .stacked_params import StackedParams
 
 __all__ = ["TorchTrainState", "TrainStep", "batch_to_torch", "build_model", "compute_context", "exact_fp32",
            "tensor_to_numpy", "tied_groups", "to_numpy_state", "torch_dtype"]
@@ -90,7 +93,7 @@ def _cast_outputs(model: torch.nn.Module, dtype: torch.dtype) -> None:
     model.register_forward_hook(hook)
 
 
-def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = False,
+def make_optimizer(program: Program, params: list[torch.nn.Parameter], on_device: bool = False,
                    foreach: bool = False) -> torch.optim.Optimizer:
     """torch.optim from the spec, every hyperparameter passed.
 
@@ -102,7 +105,7 @@ def make_optimizer(program: Program, model: torch.nn.Module, on_device: bool = F
     ``foreach``: torch.optim's multi-tensor update. Under torch.compile it traces to a much smaller graph than the
     per-parameter loop and compiles in a fraction of the time (same arithmetic)."""
     spec = program.optimizer
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in params if p.requires_grad]
     lr: Any = spec.lr
     if on_device:
         lr = torch.tensor(spec.lr, dtype=torch.float32, device=params[0].device, requires_grad=True)
@@ -222,14 +225,18 @@ class TrainStep:
     global total over the global count however the batch is split into micro-batches and ranks."""
 
     def __init__(self, program: Program, model: torch.nn.Module, device: torch.device, on_device: bool = False,
-                 compile: Callable[[Callable], Callable] | None = None, foreach: bool = False) -> None:
+                 compile: Callable[[Callable], Callable] | None = None, foreach: bool = False,
+                 stacked: StackedParams | None = None) -> None:
         """``compile``: a backend's compiler (torch.compile) for the loss (forward, and backward through
-        AOTAutograd) and for the optimizer update; ``foreach``: see :func:`make_optimizer`."""
+        AOTAutograd) and for the optimizer update; ``foreach``: see :func:`make_optimizer`; ``stacked``: the
+        scanned layers' parameters held stacked (backends/_torch/stacked_params.py), which the optimizer then
+        updates as one tensor per layer-relative name."""
         self.program = program
         self.model = model
+        self.stacked = stacked if stacked else None
         self.device_type = device.type
         self.updates = 0
-        self.optimizer = make_optimizer(program, model, on_device, foreach)
+        self.optimizer = make_optimizer(program, self.parameters(), on_device, foreach)
         if compile:
             # A new train step compiles as a fresh process would (the on-disk caches stay): Dynamo keeps the entries
             # of earlier train steps of this process on the same code (torch.optim's step is one function for
@@ -254,7 +261,8 @@ class TrainStep:
         accum = program.step.grad_accum
         set_lr(self.optimizer, self.lr)
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+        params = self.parameters()
+        total = torch.zeros((), dtype=torch.float32, device=params[0].device)
         items: torch.Tensor | None = None
         for micro in split_micro(batch, accum):
             with compute_context(program, self.device_type):
@@ -270,7 +278,7 @@ class TrainStep:
             total = total + (loss.detach() if count is None else value.detach())
         if items is not None:       # xb.LossSum: the summed gradients and totals over the global count
             factor = self.normaliser(items)
-            for param in model.parameters():
+            for param in params:
                 if param.grad is not None:
                     param.grad.mul_(factor * rows)
             total = total * factor
@@ -278,7 +286,7 @@ class TrainStep:
             self.scaler.unscale_(self.optimizer)
         norm = self.gradient_norm()
         if program.step.clip_grad_norm is not None:     # torch's clip_grad_norm_, with the norm computed once
-            torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None],
+            torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None],
                                                  program.step.clip_grad_norm, norm, foreach=False)
         if self.scaler:
             self.scaler.step(self.optimizer)   # skipped on overflow; the schedule still advances (torch's AMP recipe)
@@ -296,8 +304,15 @@ class TrainStep:
     def gradient_norm(self) -> torch.Tensor:
         """The global L2 norm of the gradients (torch's ``get_total_norm``, as ``clip_grad_norm_`` computes it); a
         sharded backend totals it over its ranks instead."""
-        return torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None],
+        return torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None],
                                              2.0, foreach=False)
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The parameters under their optimizer names: the model's, with stacked groups under their keys."""
+        return self.stacked.named() if self.stacked else list(self.model.named_parameters())
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
 
     @property
     def lr(self) -> float:
@@ -312,12 +327,14 @@ class TrainStep:
         (xbridge/checkpoint.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
         float32; ``convert`` makes each: a full array by default), ``loop/updates`` for the schedule's count,
         ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.named_parameters()}
         out: dict[str, Any] = {"loop/updates": np.array(self.updates, dtype=np.int64)}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     out[f"optim/{names[id(param)]}/{key}"] = convert(value)
+        if self.stacked:
+            out = self.stacked.stacks.unstack_entries(out)
         if self.scaler is not None:
             scaler = self.scaler.state_dict()
             out["scaler/scale"] = np.array(scaler["scale"], dtype=np.float32)
@@ -329,8 +346,10 @@ class TrainStep:
         """Load :meth:`export_state`'s arrays (from any backend): optimizer state cast to each parameter's dtype
         and device by torch.optim's own ``load_state_dict``."""
         self.updates = int(state["loop/updates"])
+        if self.stacked:
+            state = self.stacked.stacks.stack_entries(state, self.stacked.member_shapes(), np.stack)
         params = list(self.optimizer.param_groups[0]["params"])
-        names = {id(p): n for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.named_parameters()}
         per_param: dict[int, dict[str, torch.Tensor]] = {}
         for index, param in enumerate(params):
             prefix = f"optim/{names[id(param)]}/"
@@ -349,6 +368,8 @@ class TrainStep:
 
     def nonfinite_grads(self) -> list[str]:
         """Parameters (eager order) whose gradient from the last step holds a NaN or Inf."""
+        if self.stacked:
+            return self.stacked.nonfinite()
         return [name for name, p in self.model.named_parameters()
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 

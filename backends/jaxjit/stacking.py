@@ -1,16 +1,10 @@
-"""The scanned layers' trained parameters kept stacked between steps (``StepOptions(scan_layers=True)`` on jax).
-
-Scanning the layers makes the forward and backward pass one layer whatever the depth, but everything done per
-parameter outside the scan still grows with it: the optimizer update, clipping, the gradient norm and the count of
-non-finite entries are one small XLA kernel each per parameter (12 per GPT layer: at 24 layers, 1100 kernels that
-XLA:CPU compiles one by one), and stacking each layer's parameters for the scan in every step costs a copy of them.
-So the state holds one array per layer-relative name (``blocks.*.q.weight``, the layers on a new leading axis), the
-scan reads it as it is (:meth:`backends.jaxjit.scan.JaxScan.given`), and the optimizer state, the norm and the update
-are computed on it: one kernel per name instead of one per layer.
-
-What reads or writes the state by eager names (state_dict, checkpoints, the layout, the per-parameter non-finite
-report) goes through :meth:`Stacks.unstack` and :meth:`Stacks.stack`, so nothing outside the jax step sees a
-stacked array."""
+"""The scanned layers' trained parameters kept stacked between steps (``StepOptions(scan_layers=True)`` on jax): the
+grouping and the names are backends/layer_stacks.py's (shared with xla); here the JAX side. The state holds one
+array per layer-relative name (``blocks.*.q.weight``), the scan reads it as it is
+(:meth:`backends.jaxjit.scan.JaxScan.given`), and the optimizer state, the norm and the update are computed on it:
+one kernel per name instead of one per layer.
+optax's state is a tree, so its per-parameter dicts are stacked and unstacked where they are found
+(:meth:`Stacks.stack_tree`)."""
 
 from __future__ import annotations
 
@@ -19,28 +13,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-SEPARATOR = ".*."      # blocks.*.q.weight: the stacked q.weight of every layer of blocks
+from ..layer_stacks import SEPARATOR, LayerStacks
+
+__all__ = ["SEPARATOR", "Stacks"]
 
 
-class Stacks:
-    """Groups of parameters (canonical names, in layer order) each held as one stacked array under its key."""
-
-    def __init__(self, path: str, groups: dict[str, list[str]]) -> None:
-        self.path, self.groups = path, groups
-        self.member = {name: (key, i) for key, names in groups.items() for i, name in enumerate(names)}
-
-    @classmethod
-    def build(cls, path: str, count: int, relative: list[str], trained: list[str], specs: dict[str, Any],
-              shapes: dict[str, tuple[int, ...]], aliased: set[str]) -> Stacks:
-        """A group for each layer-relative parameter name whose copy in every one of the ``count`` layers of
-        ``path`` is trained, tied to nothing (``aliased``: the names that share a parameter) and planned alike."""
-        groups = {}
-        for rel in relative:
-            names = [f"{path}.{i}.{rel}" for i in range(count)]
-            if (all(n in trained and n not in aliased for n in names)
-                    and len({tuple(specs[n]) for n in names}) == 1 and len({shapes[n] for n in names}) == 1):
-                groups[f"{path}{SEPARATOR}{rel}"] = names
-        return cls(path, groups)
+class Stacks(LayerStacks):
+    """:class:`LayerStacks` over JAX arrays."""
 
     @classmethod
     def of_scan(cls, scanner: Any, canonical: dict[str, str], trained: list[str], specs: dict[str, Any],
@@ -53,39 +32,9 @@ class Stacks:
         return cls.build(scanner.path, len(scanner.layers), [n for n, _ in scanner.layers[0].named_parameters()],
                          trained, specs, {n: tuple(a.shape) for n, a in params.items()}, tied)
 
-    def __bool__(self) -> bool:
-        return bool(self.groups)
-
-    def relative(self, key: str) -> str:
-        return key[len(self.path) + len(SEPARATOR):]
-
-    def keys(self, names: list[str]) -> list[str]:
-        """``names`` with the grouped ones replaced by their group's key (at the first member's place)."""
-        out: list[str] = []
-        for name in names:
-            key = self.member.get(name, (name, 0))[0]
-            if key not in out:
-                out.append(key)
-        return out
-
-    def spec(self, member_spec: tuple) -> tuple:
-        return (None, *member_spec)
-
-    def stack(self, flat: dict[str, Any]) -> dict[str, Any]:
-        """Members replaced by their group's stacked array; the rest as they are."""
-        out = {n: v for n, v in flat.items() if n not in self.member}
-        for key, names in self.groups.items():
-            if names[0] in flat:
-                out[key] = jnp.stack([flat[n] for n in names])
-        return out
-
-    def unstack(self, stacked: dict[str, Any]) -> dict[str, Any]:
-        """Each group's key replaced by its members, each its layer's slice (numpy or JAX arrays alike)."""
-        out = {n: v for n, v in stacked.items() if n not in self.groups}
-        for key, names in self.groups.items():
-            if key in stacked:
-                out.update({n: stacked[key][i] for i, n in enumerate(names)})
-        return out
+    def stack(self, flat: dict[str, Any], stack: Any = jnp.stack) -> dict[str, Any]:
+        """Members replaced by their group's stacked array (``jnp.stack``); the rest as they are."""
+        return super().stack(flat, stack)
 
     def _map_param_dicts(self, tree: Any, fn: Any, marks: Any) -> Any:
         """``tree`` with ``fn`` applied to every dict keyed by parameter names (one holding a key of ``marks``)."""
@@ -111,6 +60,3 @@ class Stacks:
         if key in self.groups:
             return jnp.sum(bad, axis=tuple(range(1, grad.ndim))).astype(jnp.float32)
         return jnp.sum(bad).astype(jnp.float32).reshape(1)
-
-    def names_of(self, key: str) -> list[str]:
-        return self.groups.get(key, [key])

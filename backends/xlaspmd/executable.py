@@ -34,7 +34,8 @@ from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
 from .._torch import remat as shared_remat
-from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, to_numpy_state
+from .._torch.stacked_params import StackedParams
+from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 from . import attention, ops, remat, scan
 
 _RUNTIME_READY = False
@@ -186,13 +187,17 @@ class XlaExecutable(TorchTrainState):
         attention.check(step.attention, str(self.target), self.target.device, self.mode, step.scan_layers)
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
-        if scan.apply(self.model, self.program, str(self.target), self.mode) is None:   # a scan recomputes itself
+        scanner = scan.apply(self.model, self.program, str(self.target), self.mode)
+        if scanner is None:                     # a scan recomputes itself
             shared_remat.apply(self.model, self.program, layer_checkpoint)
-        planned = {p.name: p.spec for p in self.plan.params}
+        self.planned = {p.name: tuple(p.spec) for p in self.plan.params}
         for name, param in self.model.named_parameters():
-            xs.mark_sharding(param, self.mesh, planned[name])
+            xs.mark_sharding(param, self.mesh, self.planned[name])
+        # The scanned layers' parameters held stacked: the step's update, clipping and norm do not grow with depth.
+        self.stacked = StackedParams.hold(self.model, scanner, self.planned,
+                                          lambda tensor, spec: xs.mark_sharding(tensor, self.mesh, spec))
         # Optimizer state is created by the first step from the (sharded) parameters and inherits their sharding.
-        self.train_step = TrainStep(self.program, self.model, self.device, on_device=True)
+        self.train_step = TrainStep(self.program, self.model, self.device, on_device=True, stacked=self.stacked)
         if self.mode == "openxla":
             _check_importable(self.program, self.model)
             # Dynamo captures the loss; static shapes (each XLA graph is for one shape anyway).
@@ -237,7 +242,7 @@ class XlaExecutable(TorchTrainState):
     def state_dict(self) -> dict[str, np.ndarray]:
         with self._host_export():
             torch_xla.sync()
-            return to_numpy_state(self.model)
+            return self.stacked.state_dict(tensor_to_numpy)
 
     def training_state(self) -> dict[str, np.ndarray]:
         with self._host_export():
@@ -258,12 +263,11 @@ class XlaExecutable(TorchTrainState):
         """torch.optim's load_state_dict moves the state to the parameter's device but not its sharding: state
         that mirrors a parameter is sharded like it, as the first step would have created it."""
         self.train_step.import_state(state)
-        planned = {p.name: p.spec for p in self.plan.params}
-        names = {id(p): n for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.train_step.named_parameters()}
         for param, entries in self.train_step.optimizer.state.items():
             for value in entries.values():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                    xs.mark_sharding(value, self.mesh, planned[names[id(param)]])
+                    xs.mark_sharding(value, self.mesh, self._planned(names[id(param)]))
         torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -298,15 +302,24 @@ class XlaExecutable(TorchTrainState):
         with looping():
             return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math=attention.MATH)
 
+    def _planned(self, name: str) -> tuple:
+        """The sharding of a parameter under its optimizer name (a stacked group: its members' along the layers)."""
+        stacks = self.stacked.stacks
+        return stacks.spec(self.planned[stacks.names_of(name)[0]]) if name in stacks.groups else self.planned[name]
+
     def layout(self) -> dict[str, dict[str, Any]]:
+        """Per eager name: the sharding spec and each device's shard shape (a stacked group's members: the group's
+        spec, their shard shapes without the layer axis)."""
         out = {}
-        for name, param in self.model.named_parameters():
+        for key, param in self.train_step.named_parameters():
             wrapped = xs.wrap_if_sharded(param)
             if isinstance(wrapped, xs.XLAShardedTensor):
-                out[name] = {"spec": wrapped.sharding_spec,
-                             "shard_shapes": [list(s.data.shape) for s in wrapped.local_shards]}
+                spec, shapes = wrapped.sharding_spec, [list(s.data.shape) for s in wrapped.local_shards]
             else:
-                out[name] = {"spec": "replicated", "shard_shapes": [list(param.shape)] * self.plan.devices}
+                spec, shapes = "replicated", [list(param.shape)] * self.plan.devices
+            layered = key in self.stacked.stacks.groups
+            for name in self.stacked.stacks.names_of(key):
+                out[name] = {"spec": spec, "shard_shapes": [s[1:] for s in shapes] if layered else shapes}
         return out
 
     def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:

@@ -1,7 +1,9 @@
 """Scan over layers on torch_xla (``StepOptions(scan_layers=True, layers=...)``): the layers of one ``nn.ModuleList``
 run as one ``torch_xla.experimental.scan.scan`` (an XLA ``While`` loop whose body is the first layer, traced once by
 AOTAutograd, forward and backward) over their stacked parameters, so the step's graph holds one layer whatever the
-depth. How the model's own loop is taken over is shared with jax (backends/_torch/layer_scan.py).
+depth. How the model's own loop is taken over is shared with jax (backends/_torch/layer_scan.py). The layers' trained
+parameters are held stacked between steps (backends/_torch/stacked_params.py), so the scan reads them as they are and
+the optimizer updates one tensor per layer-relative name.
 
 torch_xla's ``scan_layers`` carries one tensor; a decoder layer also takes masks and position embeddings, and a tensor
 the body closes over would get no gradient from torch_xla's scan (and, traced once, would be baked into the cached
@@ -79,7 +81,7 @@ class _XlaScan(LayerScan):
         others = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and i not in floats]
         fixed = tuple((i, leaf) for i, leaf in enumerate(leaves) if not isinstance(leaf, torch.Tensor))
         count = len(self.layers)
-        weights = {name: torch.stack(tensors) for name, tensors in self.weights().items()}
+        weights = self.stacked_weights()
         broadcast = [leaves[i].expand(count, *leaves[i].shape) for i in others]
         # torch_xla's own cache of traced graphs knows shapes and dtypes only: a layer traced without gradients (an
         # evaluation) or in eval mode must not serve a training step (measured: the parameters' gradients were lost)
