@@ -24,12 +24,15 @@ def compare(program: str, steps: int, backends: str, out: Path, *extra: str) -> 
 
 
 def row_figures(row: dict[str, Any]) -> dict[str, Any]:
-    """A compare row as the bench tables print it: step time, memory (device, else host RSS), final loss, error."""
+    """A compare row as the bench tables print it: step time, memory (device, else host RSS; and the RSS the steps
+    added), final loss, error."""
     m = row.get("metrics")
     return {"target": row["target"], "status": row["status"],
             "step_ms": m["step_ms_median"] if m else None,
             "memory_mib": (m["device_peak_mib"] or m["peak_host_rss_mib"]) if m else None,
             "memory_kind": ("device" if m and m["device_peak_mib"] else "host RSS") if m else None,
+            # on CPU: what the steps added to the process's peak RSS (the model built and placed before them)
+            "steps_rss_mib": m.get("steps_host_rss_mib") if m else None,
             "final_loss": m["final_loss"] if m else None,
             "error": (row.get("error") or "").splitlines()[0] if not m else None}
 
@@ -48,13 +51,15 @@ def race(program: str, steps: int, backends: str, out: Path, setting: str, value
     base = {r["target"]: r["step_ms"] for r in rows if r[setting] == values[0] and r["step_ms"]}
     for r in rows:
         r[ratio] = r["step_ms"] / base[r["target"]] if r["target"] in base and r["step_ms"] else None
-    print(f"{'target':14} {setting:11} {'step ms':>9} {'vs ' + values[0]:>11} {'memory MiB':>11} {'final loss':>11}")
+    print(f"{'target':14} {setting:11} {'step ms':>9} {'vs ' + values[0]:>11} {'memory MiB':>11} {'steps MiB':>10} "
+          f"{'final loss':>11}")
     for r in rows:
         if r["step_ms"] is None:
             print(f"{r['target']:14} {r[setting]:11} error: {r['error']}")
             continue
+        added = "-" if r["steps_rss_mib"] is None else f"{r['steps_rss_mib']:.0f}"
         print(f"{r['target']:14} {r[setting]:11} {r['step_ms']:9.1f} {r[ratio]:11.2f} {r['memory_mib']:11.0f} "
-              f"{r['final_loss']:11.4f}")
+              f"{added:>10} {r['final_loss']:11.4f}")
     path = out / f"{setting}.json"
     path.write_text(json.dumps({"program": program, "steps": steps, "machine": record.get("machine"), "rows": rows},
                                indent=2))

@@ -37,6 +37,7 @@ def test_compare_every_available_target(tmp_path):
         assert 0 < m["mfu"] < 1 and m["achieved_tflops"] > 0
         assert m["samples_per_s"] == pytest.approx(64 / (m["step_ms_median"] / 1e3))
         assert m["peak_host_rss_mib"] > 50
+        assert 0 <= m["steps_host_rss_mib"] < m["peak_host_rss_mib"]      # what the steps added to the peak
         assert len(row["losses"]) == 6
         sharded = registry.load(row["target"].rpartition("-")[0]).backend.sharded
         assert row["devices"] == (2 if sharded else 1)          # unsharded backends run on one device

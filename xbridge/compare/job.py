@@ -76,6 +76,7 @@ class TargetMetrics:
     final_loss_dev: float | None = None
     eval_loss: float | None = None         # the last xb.Eval loss, when the program evaluates
     attention: str | None = None           # the attention kernel(s) that ran, e.g. "flash (CPU) x4"; "-" for none
+    steps_host_rss_mib: float | None = None    # what the steps added to the peak host RSS (the run's own memory)
 
 
 def attention_text(kernels: dict[str, int] | None) -> str | None:
@@ -120,6 +121,8 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int,
             achieved_tflops=achieved / 1e12, peak_tflops=peak.flops * devices / 1e12,
             mfu=achieved / (peak.flops * devices), peak_source=peak.source,
             peak_host_rss_mib=result.peak_host_rss_bytes / 2 ** 20,
+            steps_host_rss_mib=(None if result.host_rss_before_steps_bytes is None else
+                                (result.peak_host_rss_bytes - result.host_rss_before_steps_bytes) / 2 ** 20),
             device_peak_mib=result.device_peak_bytes / 2 ** 20 if result.device_peak_bytes else None,
             recompiles=s.recompiles_after_warmup, final_loss=s.final_loss,
             eval_loss=result.final_eval.loss if result.final_eval else None, attention=attention_text(s.attention))

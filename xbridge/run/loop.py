@@ -389,6 +389,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         if spec is not None and spec.stop <= start:
             raise ConfigError(f"--profile {spec}: the run resumes at step {start}, after the profiled steps")
         traced = (spec, options.profile_dir) if spec is not None and options.profile_dir is not None else None
+        rss_before_steps = _peak_rss_bytes()
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
                         lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
@@ -410,7 +411,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         config_changes=checkpoint.config_changes(resumed.manifest, program) if resumed else [],
         checkpoints=saved, steps=records, summary=summary, dumped=dumped,
         device_kind=executable.device_kind() or target.device, device_peak_bytes=executable.device_peak_bytes(),
-        peak_host_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,   # Linux: KiB
+        peak_host_rss_bytes=_peak_rss_bytes(), host_rss_before_steps_bytes=rss_before_steps,
         layout=executable.layout(),
         compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
         data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program),
@@ -424,3 +425,8 @@ def data_info(program: Program) -> dict[str, Any]:
     if program.eval is not None:
         sources["eval"] = describe(program.eval.data)
     return {**sources, "reproducible": all(reproducible(d) for d in sources.values())}
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

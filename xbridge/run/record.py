@@ -103,6 +103,9 @@ class RunRecord:
     data: dict[str, Any] = field(default_factory=dict)    # the source's description and whether it is reproducible
     evals: list[EvalRecord] = field(default_factory=list)
     written: str | None = None        # where run.json went (--out)
+    # the peak host RSS before the first step (model built and placed): what the steps themselves added to the
+    # process's peak is peak_host_rss_bytes less this (on CPU, where no device memory counter exists)
+    host_rss_before_steps_bytes: int | None = None
     provenance: dict[str, Any] = field(default_factory=dict)   # command line, program file, its git commit/dirty
     profile: dict[str, Any] | None = None     # --profile: the trace files and their summary (xbridge/run/profile.py)
     processes: int = 1        # --processes: how many processes the devices were spread over (devices: all of them)
