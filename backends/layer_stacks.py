@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 SEPARATOR = ".*."      # blocks.*.q.weight: the stacked q.weight of every layer of blocks
+_OPTIM = "optim/"      # checkpoint entries of the optimizer state: optim/<parameter>/<slot> (TrainStep.export_state)
 
 
 class LayerStacks:
@@ -62,6 +63,11 @@ class LayerStacks:
         """A group's sharding: its members' along the layer axis, which is whole on every device."""
         return (None, *member_spec)
 
+    def spec_of(self, key: str, specs: dict[str, Any]) -> tuple:
+        """The sharding of ``key`` given every eager name's (``specs``): a group's is :meth:`spec` of its first
+        member's, any other name's its own."""
+        return self.spec(tuple(specs[self.groups[key][0]])) if key in self.groups else tuple(specs[key])
+
     def names_of(self, key: str) -> list[str]:
         return self.groups.get(key, [key])
 
@@ -82,19 +88,19 @@ class LayerStacks:
                 out.update({n: stacked[key][i] for i, n in enumerate(names)})
         return out
 
-    def unstack_entries(self, entries: dict[str, Any], prefix: str = "optim/") -> dict[str, Any]:
+    def unstack_entries(self, entries: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint entries ``optim/<name>/<slot>`` of a group's key as each member's: a slot shaped like the group
         (Adam's moments) sliced per layer, any other (a step count) repeated."""
         out: dict[str, Any] = {}
         for entry, value in entries.items():
-            key, slot = _split(entry, prefix)
+            key, slot = _split(entry)
             if key not in self.groups:
                 out[entry] = value
                 continue
             names = self.groups[key]
             layered = len(getattr(value, "shape", ())) > 0 and value.shape[0] == len(names)
             for i, name in enumerate(names):
-                out[f"{prefix}{name}/{slot}"] = value[i] if layered else value
+                out[f"{_OPTIM}{name}/{slot}"] = value[i] if layered else value
         return out
 
     def stack_entries(self, entries: dict[str, Any], member_shapes: dict[str, tuple[int, ...]],
@@ -104,7 +110,7 @@ class LayerStacks:
         out: dict[str, Any] = {}
         slots: dict[tuple[str, str], dict[int, Any]] = {}
         for entry, value in entries.items():
-            name, slot = _split(entry, prefix="optim/")
+            name, slot = _split(entry)
             if name not in self.member:
                 out[entry] = value
                 continue
@@ -114,16 +120,16 @@ class LayerStacks:
             count = len(self.groups[key])
             if len(values) != count:
                 missing = [self.groups[key][i] for i in range(count) if i not in values]
-                raise KeyError(f"optim/{missing[0]}/{slot}")
+                raise KeyError(f"{_OPTIM}{missing[0]}/{slot}")
             first = values[0]
             same = tuple(getattr(first, "shape", ())) == tuple(member_shapes[key])
-            out[f"optim/{key}/{slot}"] = stack([values[i] for i in range(count)]) if same else first
+            out[f"{_OPTIM}{key}/{slot}"] = stack([values[i] for i in range(count)]) if same else first
         return out
 
 
-def _split(entry: str, prefix: str) -> tuple[str, str]:
+def _split(entry: str) -> tuple[str, str]:
     """``optim/blocks.0.q.weight/exp_avg`` -> (``blocks.0.q.weight``, ``exp_avg``); other entries -> ('', '')."""
-    if not entry.startswith(prefix):
+    if not entry.startswith(_OPTIM):
         return "", ""
-    name, _, slot = entry[len(prefix):].rpartition("/")
+    name, _, slot = entry[len(_OPTIM):].rpartition("/")
     return name, slot

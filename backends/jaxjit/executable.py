@@ -141,8 +141,8 @@ class JaxExecutable(JaxState):
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         self.stacks = Stacks.of_scan(self.scanner, self.lowered.canonical, self.trained, self.specs, params)
         params = self.stacks.stack(params)
-        for key, members in self.stacks.groups.items():
-            self.specs[key] = self.stacks.spec(self.specs[members[0]])
+        for key in self.stacks.groups:
+            self.specs[key] = self.stacks.spec_of(key, self.specs)
         self.trained_keys = self.stacks.keys(self.trained)
         self.param_keys = self.stacks.keys(self.lowered.param_names)
         self.bad_grad_names = [n for key in self.param_keys for n in self.stacks.names_of(key)]

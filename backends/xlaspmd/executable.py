@@ -267,7 +267,7 @@ class XlaExecutable(TorchTrainState):
         for param, entries in self.train_step.optimizer.state.items():
             for value in entries.values():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                    xs.mark_sharding(value, self.mesh, self._planned(names[id(param)]))
+                    xs.mark_sharding(value, self.mesh, self.stacked.stacks.spec_of(names[id(param)], self.planned))
         torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -301,11 +301,6 @@ class XlaExecutable(TorchTrainState):
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         with looping():
             return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math=attention.MATH)
-
-    def _planned(self, name: str) -> tuple:
-        """The sharding of a parameter under its optimizer name (a stacked group: its members' along the layers)."""
-        stacks = self.stacked.stacks
-        return stacks.spec(self.planned[stacks.names_of(name)[0]]) if name in stacks.groups else self.planned[name]
 
     def layout(self) -> dict[str, dict[str, Any]]:
         """Per eager name: the sharding spec and each device's shard shape (a stacked group's members: the group's
