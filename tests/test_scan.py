@@ -76,7 +76,7 @@ def test_xla_scans_the_layers_as_one_loop(tmp_path):
     With remat='full' the backward loop recomputes the layer (more products in the same loops) and the losses stay
     eager's. The layers' parameters and Adam state are held stacked between steps, so the whole step (the update,
     clipping and the gradient norm too) is the same graph at 2 and 6 layers: with them per layer, the optimizer's
-    part grew with depth (measured: 4518 and 8542 instructions, against 3386 at both now)."""
+    part grew with depth (measured: 4518 and 8542 instructions, against 3289 at both now)."""
     from xbridge.program_file import load_program
 
     losses_6, dots_6, loops_6, size_6 = _xla_scanned(tmp_path, "layers_6")

@@ -68,7 +68,7 @@ class _RandomOps(TorchDispatchMode):
 
 class _XlaScan(LayerScan):
     def __init__(self, path: str, layers: torch.nn.ModuleList, target: str,
-                 partition: Callable[..., Any] | None) -> None:
+                 partition: Callable[..., Any]) -> None:
         super().__init__(path, layers)
         self.target, self.partition = target, partition
         self._bodies: dict[Any, Callable[..., Any]] = {}
@@ -93,9 +93,8 @@ class _XlaScan(LayerScan):
             body = self._body(spec, len(leaves), floats, others, dict(fixed))
             if key is not None:
                 self._bodies[key] = body
-        partition = {"partition_fn": self.partition} if self.partition is not None else {}
         carry, _ = scan(body, (hidden, *[leaves[i] for i in floats]), (weights, broadcast),
-                        is_fn_pure=key is not None, **partition)
+                        is_fn_pure=key is not None, partition_fn=self.partition)
         return carry[0]
 
     def _body(self, spec: Any, size: int, floats: list[int], others: list[int],
