@@ -55,10 +55,11 @@ def scan_partition(remat: str) -> Callable[..., Any]:
     from torch._functorch import config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    budget = 0.0 if remat == "full" else functorch_config.activation_memory_budget
+    if remat != "full":
+        return min_cut_rematerialization_partition
 
-    def partition(joint: Any, inputs: Any, **kwargs: Any) -> Any:
-        with functorch_config.patch(activation_memory_budget=budget):
+    def full(joint: Any, inputs: Any, **kwargs: Any) -> Any:
+        with functorch_config.patch(activation_memory_budget=0.0):
             return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
-    return partition
+    return full
