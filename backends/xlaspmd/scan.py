@@ -37,6 +37,7 @@ from xbridge.ir.program import Program
 
 from .._torch.layer_scan import LayerScan
 from .._torch.remat import scanned_layers
+from . import scan_loops
 from .remat import scan_partition
 
 
@@ -72,6 +73,7 @@ class _XlaScan(LayerScan):
         super().__init__(path, layers)
         self.target, self.partition = target, partition
         self._bodies: dict[Any, Callable[..., Any]] = {}
+        scan_loops.install()
 
     def scan(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         from torch_xla.experimental.scan import scan
@@ -93,6 +95,8 @@ class _XlaScan(LayerScan):
             body = self._body(spec, len(leaves), floats, others, dict(fixed))
             if key is not None:
                 self._bodies[key] = body
+        if key is not None:
+            scan_loops.remember(body)
         carry, _ = scan(body, (hidden, *[leaves[i] for i in floats]), (weights, broadcast),
                         is_fn_pure=key is not None, partition_fn=self.partition)
         return carry[0]
