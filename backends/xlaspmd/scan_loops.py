@@ -28,6 +28,7 @@ import torch
 _ORIGINAL: list[Callable[..., Any]] = []
 _LOOPS: weakref.WeakKeyDictionary[Any, dict[Any, _Loop]] = weakref.WeakKeyDictionary()
 _BODIES: weakref.WeakSet[Any] = weakref.WeakSet()
+_HITS = [0]
 
 
 @dataclass
@@ -72,8 +73,6 @@ def hits() -> int:
     """How many scans reused a cached loop so far in this process (for tests)."""
     return _HITS[0]
 
-
-_HITS = [0]
 
 
 def _unwrap(fn: Any) -> tuple[Any, tuple[Any, Any] | None]:
