@@ -114,7 +114,7 @@ def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
     np.testing.assert_allclose([s["loss"] for s in json.loads(rest.stdout)["steps"]], reference[3:], rtol=2e-5)
 
 
-def test_xla_scan_reuses_its_lowered_loops_and_computes_what_torch_xla_does(tmp_path):
+def test_xla_scan_reuses_its_lowered_loops_and_computes_what_torch_xla_does():
     """After the first step, each scan (forward and backward) reuses the While loop lowered for it
     (backends/xlaspmd/scan_loops.py) instead of lowering its layer again, over 2 devices split model=2 and with the
     layers recomputed: the losses are those of torch_xla's scan as it ships, and the cached loops hold no tensor of a

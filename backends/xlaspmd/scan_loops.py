@@ -12,8 +12,10 @@ backward of xbridge's scan bodies, which are refused when they draw random numbe
 it keeps what torch_xla built the first time — the loop computation, the constants the body's trace made parameters
 of it, and the output structure — and afterwards calls the same computation on the new carry and inputs
 (``_xla_user_computation``, as torch_xla does itself). The key is everything the lowering depends on: the function,
-the direction, the inputs' structure, shapes, dtypes and shardings (the backward's trace shards its gradients like
-the forward's inputs) and autocast. Any other scan (a user's own) goes to torch_xla's function unchanged."""
+the direction, the inputs' structure, shapes, dtypes and shardings, and autocast. torch_xla's SPMD backward shards
+each layer's gradient like that layer's input inside the loop body, which would make the forward's inputs
+parameters of the loop; here that constraint is put on the loop's results instead (:func:`_shard_like`). Any other
+scan (a user's own) goes to torch_xla's function unchanged."""
 
 from __future__ import annotations
 
@@ -72,7 +74,6 @@ def _loops(fn: Any) -> dict[Any, _Loop] | None:
 def hits() -> int:
     """How many scans reused a cached loop so far in this process (for tests)."""
     return _HITS[0]
-
 
 
 def _unwrap(fn: Any) -> tuple[Any, tuple[Any, Any] | None]:
