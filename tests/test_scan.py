@@ -115,17 +115,20 @@ def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
 
 
 def test_xla_scan_reuses_its_lowered_loops_and_computes_what_torch_xla_does():
-    """After the first step, each scan (forward and backward) reuses the While loop lowered for it
-    (backends/xlaspmd/scan_loops.py) instead of lowering its layer again, over 2 devices split model=2 and with the
-    layers recomputed: the losses are those of torch_xla's scan as it ships, and the cached loops hold no tensor of a
-    step (only the traced layer's scalar constants)."""
+    """After its first call, each scan (the training step's forward and backward, the evaluation's forward) reuses
+    the While loop lowered for it (backends/xlaspmd/scan_loops.py) instead of lowering its layer again, over 2
+    devices split model=2 and with the layers recomputed: nothing is compiled again after warm-up (a reused loop
+    makes the graph the first call made), the losses and evaluation losses are those of torch_xla's scan as it
+    ships, and the cached loops hold no tensor of a step (only the traced layer's scalar constants)."""
     import subprocess
 
     proc = subprocess.run([sys.executable, str(FIXTURES / "xla_scan_loops_check.py"), "remat"], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["hits"] == 2 * (4 - 1) and out["hits_after"] == out["hits"], out      # 4 steps, first one lowers
+    # 4 steps (forward and backward) and evaluations at steps 0, 2 and 4: the first call of each lowers
+    assert out["evals"] == 3 and out["hits"] == 2 * (4 - 1) + (3 - 1) and out["hits_after"] == out["hits"], out
+    assert out["recompiles"] == 0, out
     assert out["held"] and all(shape == [] for loop in out["held"] for shape in loop), out["held"]
     np.testing.assert_allclose(out["cached"], out["plain"], rtol=1e-6)
 

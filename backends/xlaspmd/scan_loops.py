@@ -36,7 +36,6 @@ _HITS = [0]
 @dataclass
 class _Loop:
     computation: Any                        # the While computation torch_xla built
-    zero: torch.Tensor                      # its iteration counter's start
     ys: list[tuple[torch.Size, torch.dtype]]  # the stacked outputs' shapes (fresh zeros each call)
     hoisted: list[torch.Tensor]             # constants of the traced body, parameters of the loop
     carries: int
@@ -145,8 +144,11 @@ def _run(fn: Any, loops: dict[Any, _Loop], init: Any, xs: Any, reverse: bool) ->
     count = flat_xs[0].size(0)
     device = flat_init[0].device
     ys = [torch.zeros((count, *shape), device=device, dtype=dtype) for shape, dtype in loop.ys]
+    # the iteration counter's start made as torch_xla makes it (a constant of the graph: kept from the first call,
+    # it became device data and a parameter, and the step's graph was compiled a second time)
+    zero = torch.tensor(0, device=device)
     outputs = torch_xla._XLAC._xla_user_computation(
-        "xla::scan", [loop.zero, *flat_init, *flat_xs, *ys, *loop.hoisted], loop.computation)
+        "xla::scan", [zero, *flat_init, *flat_xs, *ys, *loop.hoisted], loop.computation)
     carry = outputs[1:1 + loop.carries]
     ys = outputs[1 + loop.carries + len(flat_xs):1 + loop.carries + len(flat_xs) + len(loop.ys)]
     return unflatten_carry(list(carry)), loop.unflatten_y(list(ys))
@@ -178,6 +180,6 @@ def _first(fn: Any, init: Any, xs: Any, reverse: bool, carries: int, inputs: int
     if len(params) < 1 + carries + inputs + outputs:
         return None, (carry, ys)
     stacked = params[1 + carries + inputs:1 + carries + inputs + outputs]
-    loop = _Loop(computation=computation, zero=params[0], ys=[(t.shape[1:], t.dtype) for t in stacked],
+    loop = _Loop(computation=computation, ys=[(t.shape[1:], t.dtype) for t in stacked],
                  hoisted=params[1 + carries + inputs + outputs:], carries=carries, unflatten_y=unflatten_y)
     return loop, (carry, ys)
