@@ -143,14 +143,15 @@ def _run(fn: Any, loops: dict[Any, _Loop], init: Any, xs: Any, reverse: bool) ->
     _HITS[0] += 1
     count = flat_xs[0].size(0)
     device = flat_init[0].device
-    ys = [torch.zeros((count, *shape), device=device, dtype=dtype) for shape, dtype in loop.ys]
+    buffers = [torch.zeros((count, *shape), device=device, dtype=dtype) for shape, dtype in loop.ys]
     # the iteration counter's start made as torch_xla makes it (a constant of the graph: kept from the first call,
     # it became device data and a parameter, and the step's graph was compiled a second time)
     zero = torch.tensor(0, device=device)
     outputs = torch_xla._XLAC._xla_user_computation(
-        "xla::scan", [zero, *flat_init, *flat_xs, *ys, *loop.hoisted], loop.computation)
+        "xla::scan", [zero, *flat_init, *flat_xs, *buffers, *loop.hoisted], loop.computation)
+    # the loop returns its parameters in order: the counter, the carry, the inputs, the filled buffers, the constants
     carry = outputs[1:1 + loop.carries]
-    ys = outputs[1 + loop.carries + len(flat_xs):1 + loop.carries + len(flat_xs) + len(loop.ys)]
+    ys = outputs[1 + loop.carries + len(flat_xs):1 + loop.carries + len(flat_xs) + len(buffers)]
     return unflatten_carry(list(carry)), loop.unflatten_y(list(ys))
 
 
