@@ -80,7 +80,7 @@ def _status_kib(field: str) -> int:
 def sharded_child(program_path: str, processes: int, devices: int, mesh: str, rounds: int, directory: str) -> dict:
     """One process of a P-process jax job: two steps, then ``rounds`` of (sharded save, sharded load), each
     measured for time and for its tracemalloc peak; then the gathered state's peak for comparison."""
-    from xbridge.backend import registry
+    from xbridge.contract import registry
     from xbridge.ir.mesh import parse_mesh
     from xbridge.program_file import load_program
     from xbridge.run import checkpoint

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, read_scalars, run_cli
-from xbridge.backend import registry
+from xbridge.contract import registry
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 PNG = b"\x89PNG\r\n\x1a\n"

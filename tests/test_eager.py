@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import xbridge as xb
-from xbridge.backend import registry
+from xbridge.contract import registry
 from xbridge.errors import BackendUnavailable, PlanError
 from xbridge.run.loop import RunOptions, run
 from xbridge.weights import initial_weights

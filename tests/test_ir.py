@@ -162,7 +162,7 @@ def test_hash_is_stable_across_processes():
 def test_import_xbridge_loads_no_ml_framework():
     code = ("import sys, xbridge as xb; xb.Program(name='p', model=lambda: None, loss=lambda m, b: None, "
             "data=xb.data.ByteText.python_stdlib(9, 2), optimizer=xb.AdamW(lr=1e-3)).config_hash; "
-            "import xbridge.cli, xbridge.backend.registry; xbridge.backend.registry.entry_points(); "
+            "import xbridge.cli, xbridge.contract.registry; xbridge.contract.registry.entry_points(); "
             "print(sorted(m for m in ('torch', 'jax', 'torch_xla', 'torchax', 'optax', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

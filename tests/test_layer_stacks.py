@@ -1,4 +1,4 @@
-"""The scanned layers' parameters held stacked (backends/_torch/stacked_params.py, backends/layer_stacks.py): the
+"""The scanned layers' parameters held stacked (xbridge/torch/layer_stacks.py, xbridge/torch/layer_stacks.py): the
 torch train step that xla runs, checked on the CPU with the scan as its Python loop, against the same model with its
 parameters per layer: the same losses, state under the eager names in the model's order, optimizer state that
 crosses both ways, and a non-finite gradient named by its layer."""
@@ -12,10 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from xbridge.backends._torch.layer_scan import LayerScan  # noqa: E402
-from xbridge.backends._torch.stacked_params import StackedParams  # noqa: E402
-from xbridge.backends._torch.train import TrainStep, batch_to_torch, build_model  # noqa: E402
-from xbridge.backends.layer_stacks import LayerStacks  # noqa: E402
+from xbridge.torch.layer_scan import LayerScan  # noqa: E402
+from xbridge.torch.layer_stacks import LayerStacks, StackedParams  # noqa: E402
+from xbridge.torch.train import TrainStep, batch_to_torch, build_model  # noqa: E402
 from xbridge.weights import initial_weights, tensor_to_numpy  # noqa: E402
 
 

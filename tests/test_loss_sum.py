@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from helpers import ROOT, one_error_line, run_cli
-from xbridge.backends._torch.loss_split import split_losses
-from xbridge.backends._torch.train import TrainStep, batch_to_torch, build_model
 from xbridge.program_file import load_program
+from xbridge.torch.loss_split import split_losses
+from xbridge.torch.train import TrainStep, batch_to_torch, build_model
 from xbridge.weights import initial_weights
 
 COUNTED = str(ROOT / "tests" / "fixtures" / "counted_loss.py")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
-from xbridge.backend import registry
+from xbridge.contract import registry
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 FIXTURES = ROOT / "tests" / "fixtures"

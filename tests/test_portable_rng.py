@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import ROOT, one_error_line, run_cli
-from xbridge.backends._torch.portable_rng import PortableRandom, threefry2x32
+from xbridge.torch.portable_rng import PortableRandom, threefry2x32
 
 STOCHASTIC = str(ROOT / "tests" / "fixtures" / "stochastic.py")
 

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from xbridge.backend import Backend, Target, registry
+from xbridge.contract import Backend, Target, registry
 from xbridge.errors import BackendUnavailable, TargetError
 
 

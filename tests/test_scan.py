@@ -116,7 +116,7 @@ def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
 
 def test_xla_scan_reuses_its_lowered_loops_and_computes_what_torch_xla_does():
     """After its first call, each scan (the training step's forward and backward, the evaluation's forward) reuses
-    the While loop lowered for it (backends/xlaspmd/scan_loops.py) instead of lowering its layer again, over 2
+    the While loop lowered for it (backends/xlaspmd/layer_scan_loops.py) instead of lowering its layer again, over 2
     devices split model=2 and with the layers recomputed: nothing is compiled again after warm-up (a reused loop
     makes the graph the first call made), the losses and evaluation losses are those of torch_xla's scan as it
     ships, and the cached loops hold no tensor of a step (only the traced layer's scalar constants)."""

@@ -43,13 +43,22 @@ def test_run_takes_its_declared_option_and_the_core_checks_it(plugin_env):
     record = json.loads(proc.stdout)
     assert record["target"] == "toy-cpu" and record["backend_options"] == {"update": "foreach"}
     assert len(record["steps"]) == 4 and record["steps"][-1]["loss"] < record["steps"][0]["loss"]
-    assert record["summary"]["recompiles_after_warmup"] == 0          # the Executable's defaults
+    assert record["summary"]["recompiles_after_warmup"] == 0          # Diagnostics' defaults
+    assert record["device_kind"] == "toy CPU"                         # the one Diagnostics method it overrides
     bad = run_cli("run", MLP, "--backend", "toy-cpu", "--update", "fused", env=plugin_env)
     assert bad.returncode == 2
     assert "--update 'fused' is not a choice of target toy-cpu; use one of optim, foreach, skewed-export" \
         in one_error_line(bad)
     other = run_cli("run", MLP, "--backend", "eager-cpu", "--update", "optim", env=plugin_env)
     assert other.returncode == 2 and "target eager-cpu takes no --update" in one_error_line(other)
+
+
+def test_a_capability_it_lacks_is_one_line(plugin_env, tmp_path):
+    """No Probes: --trace-modules (what parity --bisect uses) is refused with one line naming the executable."""
+    proc = run_cli("run", MLP, "--backend", "toy-cpu", "--steps", "2", "--trace-modules", str(tmp_path / "t.npz"),
+                   env=plugin_env)
+    assert proc.returncode == 1
+    assert "ToyExecutable cannot record module outputs (--trace-modules, parity --bisect)" in one_error_line(proc)
 
 
 def test_parity_of_both_variants_against_eager(plugin_env, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 import xbridge as xb
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
-from xbridge.backend import registry
+from xbridge.contract import registry
 from xbridge.errors import BackendUnavailable
 from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions, prepare, train

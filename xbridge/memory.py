@@ -6,7 +6,7 @@ a mesh, a precision and a remat choice, so that a user sees whether a run fits b
 - optimizer state: fp32 slots per trainable element, as every backend keeps them (AdamW: exp_avg and exp_avg_sq;
   SGD: a momentum buffer when momentum > 0), laid out as their parameter;
 - activations: what autograd keeps between the forward and backward pass of one micro-batch, measured on the meta
-  device with the layers wrapped for the remat choice (backends/_torch/memory_estimate.py), divided by the number
+  device with the layers wrapped for the remat choice (xbridge/torch/memory_estimate.py), divided by the number
   of row blocks the batch is split into; attention counted as a fused kernel keeps it (torch's flash, memory-
   efficient and cuDNN kernels: eager and inductor on CPU and GPU) and, apart, as the math path keeps it (the S x S
   probabilities: torchax's and torch_xla's attention). Activations inside a tensor-parallel layer are split over
@@ -19,7 +19,6 @@ estimate with measured peaks.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -68,7 +67,7 @@ def estimate(program: Program, plan: ShardingPlan, batch: dict[str, Any]) -> Mem
     grads = sum(p.shard_bytes for p in plan.params if p.name in trainable)
     elements = sum(math.prod(p.shard_shape) for p in plan.params if p.name in trainable)
     optimizer = optimizer_slots(program) * elements * OPTIMIZER_STATE_BYTES
-    measure = importlib.import_module("xbridge.backends._torch.memory_estimate")
+    from .torch import memory_estimate as measure
     try:
         saved = measure.saved_bytes(program, batch)
     except Exception as exc:    # noqa: BLE001 - an operator the meta device refuses: the rest is still known

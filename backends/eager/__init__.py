@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xbridge.backend import Executable, Target
-
-from .._torch.device import TorchDeviceBackend
+from xbridge.contract import Executable, Target
+from xbridge.torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import torch
 
-from xbridge.backend import Target
+from xbridge.contract import Target
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
-
-from .._torch.executable import TorchExecutable
+from xbridge.torch.executable import TorchExecutable
 
 
 class EagerExecutable(TorchExecutable):

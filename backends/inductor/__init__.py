@@ -9,12 +9,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xbridge.backend import BackendOption, Executable, Target
 from xbridge.cache import cache_dir
+from xbridge.contract import BackendOption, Executable, Target
 from xbridge.errors import ConfigError
 from xbridge.ir.optim import AdamW
-
-from .._torch.device import TorchDeviceBackend
+from xbridge.torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan

@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import compilation_time_metrics, counters
 
-from xbridge.backend import CompileCache
+from xbridge.contract import CompileCache
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+from xbridge.torch.executable import TorchExecutable
+from xbridge.torch.train import TrainStep
 
-from .._torch.executable import TorchExecutable
-from .._torch.train import TrainStep
-from . import regions
+from . import layer_scan
 
 
 def compiled_graphs() -> int:
@@ -60,7 +60,7 @@ class InductorExecutable(TorchExecutable):
     scanned: str | None = None     # the path of the layers made one compile region
 
     def scan_layers(self, model: torch.nn.Module) -> bool:
-        self.scanned = regions.apply(model, self.program)
+        self.scanned = layer_scan.apply(model, self.program)
         return self.scanned is not None and self.program.step.remat != "none"    # recomputed inside the region
 
     def make_train_step(self, model: torch.nn.Module) -> TrainStep:

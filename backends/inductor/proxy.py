@@ -28,7 +28,16 @@ import numpy as np
 import torch.distributed as dist
 
 from xbridge import errors
-from xbridge.backend import CompileCache, Executable, Target
+from xbridge.contract import (
+    CompileCache,
+    Diagnostics,
+    Executable,
+    PieceWriter,
+    Probes,
+    Profiling,
+    ShardedCheckpoint,
+    Target,
+)
 from xbridge.errors import LoweringError, RunError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
@@ -60,9 +69,11 @@ class RankStep:
     step: int
 
 
-class DistributedExecutable(Executable):
+class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedCheckpoint):
     """The Executable protocol over N processes (see the module docstring). Results are rank 0's; every rank
     computes the same loss, and each step checks that they agree."""
+
+    reads_slices = False    # the weights and state go to the ranks whole, as numpy
 
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
@@ -182,13 +193,14 @@ class DistributedExecutable(Executable):
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         self._call("load_training_state", state)
 
-    def checkpoint_parts(self) -> Callable[[Path], list[dict[str, Any]]] | None:
-        """Each rank writes its own pieces into the checkpoint's folder (backends/inductor/pieces.py)."""
+    def piece_writer(self) -> PieceWriter | None:
+        """Each rank writes its own pieces into the checkpoint's folder (backends/inductor/checkpoint_shards.py);
+        one rank: None (the state is written whole)."""
         def write(tmp: Path) -> list[dict[str, Any]]:
             first, others = self._call("write_checkpoint_part", str(tmp))
             return [first, *others]
 
-        return write if self.plan.devices > 1 else None
+        return PieceWriter(write) if self.plan.devices > 1 else None
 
     def nonfinite_grads(self) -> list[str]:
         return self._call("nonfinite_grads")[0]

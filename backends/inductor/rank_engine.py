@@ -25,9 +25,9 @@ from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.run.feed import Feed
 from xbridge.run.rng import rng_rows
+from xbridge.torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp32, per_item, tensor_to_numpy
 
-from .._torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp32, per_item, tensor_to_numpy
-from . import pieces
+from . import checkpoint_shards
 from .executable import InductorExecutable
 from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
 
@@ -211,7 +211,7 @@ class RankEngine(InductorExecutable):
 
     def write_checkpoint_part(self, tmp: str) -> dict[str, Any]:
         """This rank's pieces of a sharded checkpoint, written into the proxy's folder ``tmp`` (no gathering)."""
-        return pieces.write_part(tmp, self.rank, self.world, self.model, self.train_step, self._gather)
+        return checkpoint_shards.write_part(tmp, self.rank, self.world, self.model, self.train_step, self._gather)
 
     def layout(self) -> dict[str, dict[str, Any]]:
         local = {}

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xbridge.backend import Backend, BackendOption, Executable, Target
+from xbridge.contract import Backend, BackendOption, Executable, Target
 from xbridge.errors import BackendUnavailable, ConfigError, RunError
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ class JaxBackend(Backend):
     requires = ("jax", "optax", "torchax", "torch")
     extra = "jax"
     multi_process = True
-    reads_slices = True     # each process places only the slices its devices hold (make_array_from_callback)
     options = (BackendOption("sharding_mode", ("gspmd", "shard_map"), "gspmd",
                              "gspmd: jit with NamedSharding from the plan; shard_map: explicit collectives"),)
 

@@ -33,8 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from xbridge.errors import ConfigError
-
-from ..fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
+from xbridge.torch.fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
 
 TORCHAX = "math (torchax reference, XLA)"     # torchax 0.0.13's only lowering of attention
 CUDNN = "cuDNN (jax.nn.dot_product_attention)"

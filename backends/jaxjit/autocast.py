@@ -8,7 +8,7 @@ models meet both (a Hugging Face Llama's rotary embedding):
 - it ignores the model's own ``torch.autocast(..., enabled=False)`` regions, so what the model computes in float32
   on purpose (the rotary angles) would run in bfloat16.
 
-Here the policy function is replaced by torch's (backends/_torch/autocast.py: lists included, float64 left alone),
+Here the policy function is replaced by torch's (xbridge/torch/autocast.py: lists included, float64 left alone),
 and it follows torch's own autocast state for the ``jax`` device type, which torch tracks with nesting like any
 other (torchax registers ``jax`` as torch's privateuse1 backend): the step runs inside ``torch.autocast("jax",
 dtype)``, and a model's ``torch.autocast(device_type=x.device.type, enabled=False)`` turns the casts off inside its
@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from torchax import amp
 from torchax.amp import CastPolicy
 
-from .._torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
+from xbridge.torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
 
 FUNCTION_POLICY: dict[Any, CastPolicy] = {
     torch.nn.functional.linear: CastPolicy.LOWER_PRECISION_FP,

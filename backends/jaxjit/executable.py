@@ -19,8 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xbridge import hints
-from xbridge.backend import CompileCache, Target, on_host
 from xbridge.cache import cache_dir
+from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
 from xbridge.data import contract
 from xbridge.data.contract import BatchCheck, checked_batch
 from xbridge.errors import BackendUnavailable, LoweringError
@@ -30,12 +30,12 @@ from xbridge.planner import ShardingPlan
 from xbridge.run import processes
 from xbridge.run.profile import STEP_MARK
 from xbridge.run.rng import rng_rows
+from xbridge.torch import remat as shared_remat
+from xbridge.torch.train import build_model, eval_mode, tensor_to_numpy
 
-from .._torch import remat as shared_remat
-from .._torch.train import build_model, eval_mode, tensor_to_numpy
-from . import attention, ops, optimizers, pieces, remat, scan
+from . import attention, checkpoint_shards, layer_scan, ops, optimizers, remat
+from .layer_stacks import Stacks
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
-from .stacking import Stacks
 from .state_io import JaxState
 
 # JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
@@ -84,7 +84,7 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
     return array
 
 
-class JaxExecutable(JaxState):
+class JaxExecutable(JaxState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
         enable_compilation_cache()
@@ -116,7 +116,7 @@ class JaxExecutable(JaxState):
         # ``weights`` below, each device's slice read on its own (a sharded checkpoint is never read whole)
         model = build_model(program, None, torch.device("cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
-        self.scanner = scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
+        self.scanner = layer_scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
         ops.register()
         self.lowered = LoweredLoss(program, model)
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
@@ -132,11 +132,12 @@ class JaxExecutable(JaxState):
         def cast(value: np.ndarray) -> np.ndarray:
             return to_jax_dtype(value, float_dtype)
 
-        params = {n: pieces.placed(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), cast)
+        params = {n: checkpoint_shards.placed(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), cast)
                   for n in self.lowered.param_names}
         # buffers (and frozen parameters, which torchax keeps with them) in the params dtype, bf16 too; a
         # non-persistent buffer (not in the state_dict) as the module built it
-        buffers = {n: pieces.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated, cast)
+        buffers = {n: checkpoint_shards.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated,
+                                               cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         self.stacks = Stacks.of_scan(self.scanner, self.lowered.canonical, self.trained, self.specs, params)
@@ -445,7 +446,7 @@ class JaxExecutable(JaxState):
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
         from torchax import interop
 
-        from .._torch.module_outputs import recording
+        from xbridge.torch.module_outputs import recording
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
@@ -464,7 +465,7 @@ class JaxExecutable(JaxState):
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """The kernel the lowering gives every ``scaled_dot_product_attention`` call (torchax's reference: matmuls,
         a softmax that XLA fuses as it can; or JAX's cuDNN attention); the calls are counted on the meta device."""
-        from .._torch.attention import meta_calls
+        from xbridge.torch.attention import meta_calls
 
         return meta_calls(self.program, attention.KERNELS[self.program.step.attention])
 

@@ -23,8 +23,8 @@ from xbridge import hints
 from xbridge.errors import LoweringError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
+from xbridge.torch.train import torch_dtype
 
-from .._torch.train import torch_dtype
 from . import autocast
 
 autocast.install()
@@ -142,7 +142,7 @@ PRODUCTS = ("dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_gen
 
 def count_products(jaxpr: Any) -> dict[str, int]:
     """Matrix products of a jaxpr, nested ones included (jit, custom_vjp, scan bodies), by their first operand's
-    dtype (backends/_torch/matmul_census.py: the torch backends' count)."""
+    dtype (xbridge/torch/matmul_census.py: the torch backends' count)."""
     counts: dict[str, int] = {}
 
     def walk(inner: Any) -> None:

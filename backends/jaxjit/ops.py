@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import torch
 
 from xbridge.errors import LoweringError
-
-from .._torch.batch_norm import batch_norm, batch_norm_no_training
+from xbridge.torch.batch_norm import batch_norm, batch_norm_no_training
 
 
 def _group_sizes(offs: jax.Array) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Activation checkpointing on jax (``StepOptions(remat=...)``; the shared part is backends/_torch/remat.py): each
+"""Activation checkpointing on jax (``StepOptions(remat=...)``; the shared part is xbridge/torch/remat.py): each
 layer runs as a JAX function (torchax's ``jax_view``) under ``jax.checkpoint``. ``full`` saves nothing inside the
 layer; ``dots`` saves the outputs of its matrix products (``jax.checkpoint_policies.dots_saveable``, every
 ``dot_general``: torch's ``dots`` keeps mm, bmm and their fused forms alike). The parameters the layer reads are
@@ -15,7 +15,7 @@ import torch
 import torchax
 from torchax import interop
 
-from .._torch.remat import Checkpoint
+from xbridge.torch.remat import Checkpoint
 
 
 def checkpoint(remat: str) -> Checkpoint:

@@ -5,25 +5,26 @@ as each process's pieces; checkpoint arrays of any backend placed back, each dev
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xbridge.backend import Executable
+from xbridge.contract import Diagnostics, Executable, MultiProcess, PieceWriter, ShardedCheckpoint
 from xbridge.ir.program import Program
 
-from . import optimizers, pieces
+from . import checkpoint_shards, optimizers
+from .layer_stacks import Stacks
 from .lowering import LoweredLoss
-from .stacking import Stacks
 
 
 def _full(value: Any, dtype: Any) -> np.ndarray:
     return np.asarray(value).astype(dtype)
 
 
-class JaxState(Executable):
+class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
     """What JaxExecutable sets up in ``init``, read and written here."""
     program: Program
     state: dict[str, Any]
@@ -89,7 +90,7 @@ class JaxState(Executable):
     def load_training_state(self, state: dict[str, Any]) -> None:
         """Checkpoint arrays (from any backend) into the optimizer state, each device reading its slice of each."""
         def place(value: Any, like: jax.Array) -> jax.Array:
-            return pieces.placed(optimizers.Cast(value, like.dtype), like.sharding)
+            return checkpoint_shards.placed(optimizers.Cast(value, like.dtype), like.sharding)
 
         loaded = dict(self.state)
         loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
@@ -108,18 +109,24 @@ class JaxState(Executable):
 
         return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
 
-    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any], Any]:
-        """One process: full arrays. Several: each process's pieces (its devices' shards, a replicated one by the
-        replica numbered 0 only), nothing gathered, and the processes' barrier."""
+    def piece_writer(self) -> PieceWriter | None:
+        """One process: None (the state is written whole). Several: each process writes its pieces (its devices'
+        shards, a replicated one by the replica numbered 0 only), nothing gathered, between the processes'
+        barriers."""
         if self.processes == 1:
-            return super().checkpoint_state()
+            return None
         from jax.experimental import multihost_utils
 
-        from xbridge.run.shards import Group
+        from xbridge.run.shards import Group, write_part
 
-        model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"], pieces.held)
-        train = self._train_state(self.state, pieces.held)
-        return model, train, Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
+        group = Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
+
+        def write(folder: Path) -> list[dict[str, Any]]:
+            model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"],
+                                      checkpoint_shards.held)
+            return [write_part(folder, group, model, self._train_state(self.state, checkpoint_shards.held))]
+
+        return PieceWriter(write, group)
 
     def nonfinite_grads(self) -> list[str]:
         """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xbridge.backend import Backend, BackendOption, Executable, Target
+from xbridge.contract import Backend, BackendOption, Executable, Target
 from xbridge.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ torch_xla 2.9 runs the call as XLA operations (torch's math form, which XLA fuse
 (``torch_xla.experimental.custom_kernel.flash_attention``: JAX's Pallas TPU kernel as an XLA custom call, with a
 backward of its own), TPUs only: refused with one line before the first step on any other device, with
 ``--xla-mode openxla`` and with scanned layers (neither has been tried with the kernel), and for an attention call
-with dropout or a sequence the kernel cannot tile (backends/fused_attention.py), never left to fall back. The call
+with dropout or a sequence the kernel cannot tile (xbridge/torch/fused_attention.py), never left to fall back. The call
 is translated as for jax's route (:func:`flash_inputs`): torch's layout as it is, grouped key/value heads
 repeated, a mask as the kernel's additive bias ``ab`` (divided by the scale, which the kernel applies after adding
 it), torch's scale. Over a mesh of several devices the kernel runs on each device's rows (its ``partition_spec``:
@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from xbridge.errors import ConfigError
-
-from ..fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
+from xbridge.torch.fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
 
 MATH = "math (XLA)"
 FLASH = "Pallas TPU flash attention (torch_xla custom_kernel)"

@@ -1,5 +1,5 @@
 """torch.autocast's CPU policy on XLA (bf16-mixed, fp16-mixed): kernels at ``AutocastXLA`` for the operators where
-torch_xla 2.9's own autocast list differs from torch's (backends/_torch/autocast.py says which and why).
+torch_xla 2.9's own autocast list differs from torch's (xbridge/torch/autocast.py says which and why).
 
 Each kernel casts its inputs as torch.autocast("cpu") would, then runs the operator below the autocast key, as
 torch's own C++ autocast kernels do; autograd records the casts. Registered once per process, with the other XLA
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._torch.autocast import KEEP, XLA_CORRECTIONS, cast_inputs
+from xbridge.torch.autocast import KEEP, XLA_CORRECTIONS, cast_inputs
 
 
 def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable[..., Any]:

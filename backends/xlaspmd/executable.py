@@ -27,16 +27,16 @@ import torch_xla.runtime as xr
 
 import xbridge
 from xbridge import hints
-from xbridge.backend import CompileCache, Target, on_host
 from xbridge.cache import cache_dir
+from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
 from xbridge.errors import BackendUnavailable, ConfigError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+from xbridge.torch import remat as shared_remat
+from xbridge.torch.layer_stacks import StackedParams
+from xbridge.torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 
-from .._torch import remat as shared_remat
-from .._torch.stacked_params import StackedParams
-from .._torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
-from . import attention, ops, remat, scan
+from . import attention, layer_scan, ops, remat
 
 _RUNTIME_READY = False
 
@@ -147,7 +147,7 @@ def _check_importable(program: Program, model: torch.nn.Module) -> None:
                               "xbridge.program_file.load_program or a regular import")
 
 
-class XlaExecutable(TorchTrainState):
+class XlaExecutable(TorchTrainState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str = "lazy") -> None:
         start_runtime()
         ops.register()
@@ -187,7 +187,7 @@ class XlaExecutable(TorchTrainState):
         attention.check(step.attention, str(self.target), self.target.device, self.mode, step.scan_layers)
         self.model = build_model(self.program, weights, self.device)
         layer_checkpoint = remat.checkpoint(self.program.step.remat, str(self.target), self.mode)
-        scanner = scan.apply(self.model, self.program, str(self.target), self.mode)
+        scanner = layer_scan.apply(self.model, self.program, str(self.target), self.mode)
         if scanner is None:                     # a scan recomputes itself
             shared_remat.apply(self.model, self.program, layer_checkpoint)
         self.planned = {p.name: tuple(p.spec) for p in self.plan.params}
@@ -271,7 +271,7 @@ class XlaExecutable(TorchTrainState):
         torch_xla.sync()
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .._torch.module_outputs import trace_torch
+        from xbridge.torch.module_outputs import trace_torch
 
         # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
         tensors = batch_to_torch(batch, self.device, self.program.precision)
@@ -283,8 +283,8 @@ class XlaExecutable(TorchTrainState):
         """Counted on lazy tensors as they are traced; the graph is dropped, never executed. Scanned layers are
         counted as the scan's body run in a loop (the scan traces that body under the same autocast: checked, every
         product of the scanned GPT's bf16-mixed step HLO is bf16)."""
-        from .._torch.layer_scan import looping
-        from .._torch.matmul_census import count_torch
+        from xbridge.torch.layer_scan import looping
+        from xbridge.torch.matmul_census import count_torch
 
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         with looping():
@@ -293,8 +293,8 @@ class XlaExecutable(TorchTrainState):
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """Probed on lazy tensors as they are traced (scanned layers as the scan's body in a loop); the graph is
         dropped, never executed."""
-        from .._torch.attention import meta_calls, probe
-        from .._torch.layer_scan import looping
+        from xbridge.torch.attention import meta_calls, probe
+        from xbridge.torch.layer_scan import looping
 
         if self.program.step.attention == "flash":      # every call routed to the kernel (attention.py)
             return meta_calls(self.program, attention.FLASH)

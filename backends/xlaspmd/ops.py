@@ -11,7 +11,7 @@ program is lowered (``torch.library``, dispatch key ``XLA``: only XLA tensors ta
   layer came out wrong (0.15 relative after one step) while the forward matched.
 - ``aten::native_batch_norm`` (BatchNorm layers): torch_xla 2.9 updates the running variance with the biased batch
   variance, torch with the unbiased one (measured: 1.5271 against 1.5371 after one step); here torch's formula in
-  plain ops (backends/_torch/batch_norm.py), so the buffers train as in eager.
+  plain ops (xbridge/torch/batch_norm.py), so the buffers train as in eager.
 - ``aten::histc`` on integer input (transformers counts tokens per expert with it): torch_xla runs histc on the CPU,
   whose kernel takes floating input only. Here it is a one-hot count, the same static shape for any input.
 
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from xbridge.errors import LoweringError
+from xbridge.torch import matmul_census
+from xbridge.torch.batch_norm import batch_norm
 
-from .._torch import matmul_census
-from .._torch.batch_norm import batch_norm
 from . import autocast
 
 _LIBRARY: list[torch.library.Library] = []

@@ -1,4 +1,4 @@
-"""Activation checkpointing on torch_xla (``StepOptions(remat=...)``; the shared part is backends/_torch/remat.py):
+"""Activation checkpointing on torch_xla (``StepOptions(remat=...)``; the shared part is xbridge/torch/remat.py):
 ``torch_xla.utils.checkpoint.checkpoint``, torch's reentrant checkpoint with an optimization barrier on the saved
 inputs so that XLA does not fold the recomputation back into the forward pass. It recomputes whole layers and takes
 no policy (torch_xla 2.9: no ``context_fn``, and ``use_reentrant=False`` raises), so ``dots`` is refused; under
@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from xbridge.errors import ConfigError
-
-from .._torch.remat import Checkpoint
+from xbridge.torch.remat import Checkpoint
 
 
 def checkpoint(remat: str, target: str, mode: str) -> Checkpoint:

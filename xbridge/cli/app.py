@@ -2,7 +2,7 @@
 ``XBRIDGE_DEBUG=1`` shows tracebacks.
 
 Backend options (``--sharding-mode``, ``--xla-mode``, ...) are not written here: each backend declares its own
-(xbridge.backend.BackendOption), ``run`` accepts exactly the declared flags, and the core checks their values."""
+(xbridge.contract.BackendOption), ``run`` accepts exactly the declared flags, and the core checks their values."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _target_list(backends: str | None) -> list[str] | None:
 def _backend_options(ctx: typer.Context) -> dict[str, str]:
     """``--NAME VALUE`` / ``--NAME=VALUE`` pairs left over by the fixed options: each must be an option some
     installed backend declares (its values are checked against the target's own options later)."""
-    from ..backend.registry import all_options
+    from ..contract.registry import all_options
 
     declared = all_options()
     given: dict[str, str] = {}
@@ -128,7 +128,7 @@ def _backend_options(ctx: typer.Context) -> dict[str, str]:
 
 def _options_epilog() -> list[str]:
     """The backend options, for ``run --help``: read from the installed backends' declarations."""
-    from ..backend import registry
+    from ..contract import registry
 
     lines = []
     for name in registry.backend_names():
@@ -241,7 +241,7 @@ def run(
     backend_options = _backend_options(ctx)
     spread = job.parse(processes)
     if spread != 1:
-        from ..backend import registry
+        from ..contract import registry
 
         job.joining()       # before the target is resolved: a jax accelerator probe would start the runtime
         try:
@@ -393,7 +393,7 @@ def cache(
 @app.command(epilog="Example: xbridge backends --format json")
 def backends(format: Format = FORMAT) -> None:
     """List every known target: available here, or the reason it is not; versions and device counts."""
-    from ..backend.registry import describe
+    from ..contract.registry import describe
     from .tables import print_backends
 
     rows = describe()

@@ -7,7 +7,6 @@ Optimizer and elementwise FLOPs are not counted, as in the usual MFU convention.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from ..data.contract import checked_batch
@@ -33,12 +32,11 @@ def _count(program: Program, batch: dict[str, Any], device: str) -> int:
 
     if device == "meta":
         model = meta_model(program)
-        check = importlib.import_module("xbridge.backends._torch.loss_check")
+        from ..torch import loss_check as check
         tensors = check.meta_batch(program.replace(precision="fp32"), batch)      # as meta_model builds the model
     else:
+        from ..torch import train as build
         from ..weights import initial_weights
-
-        build = importlib.import_module("xbridge.backends._torch.train")
         model = build.build_model(program.replace(precision="fp32"), initial_weights(program), torch.device("cpu"))
         tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
     counter = FlopCounterMode(display=False)

@@ -146,7 +146,7 @@ class BatchCheck:
     bytes_read: dict[int, int] = dataclasses.field(default_factory=dict)   # per step, until taken
     buffers: dict[str, int] = dataclasses.field(default_factory=dict)      # each key's memory in the last batch
     # --rng portable: the global row index of each example checked here (a rank's share: its rows); each checked
-    # batch then carries RNG_KEY, [row, step] per example, for the portable generator (backends/_torch/portable_rng.py)
+    # batch then carries RNG_KEY, [row, step] per example, for the portable generator (xbridge/torch/portable_rng.py)
     rng_rows: np.ndarray | None = None
 
     def __call__(self, batch: Any, step: int) -> dict[str, np.ndarray]:

@@ -108,12 +108,10 @@ def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weigh
 
 def random_draws(program: Program) -> list[tuple[str, str]]:
     """(module, op) of each random draw of one training forward, found on the meta device before anything runs
-    (backends/_torch/portable_rng.py); empty when none is found or the model cannot run on the meta device."""
-    import importlib
+    (xbridge/torch/portable_rng.py); empty when none is found or the model cannot run on the meta device."""
 
     from ..data.contract import checked_batch
-
-    portable = importlib.import_module("xbridge.backends._torch.portable_rng")
+    from ..torch import portable_rng as portable
     try:
         return list(portable.random_draws(program, checked_batch(program.data, 0, program.seed)))
     except Exception:  # a model that cannot run shapes-only: nothing is known, parity runs as it would
@@ -140,12 +138,11 @@ def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, 
     """Why a backend that averages per-device losses fails when the loss does not survive a split batch (step 0's
     batch taken whole and as its shards, eval mode, fp32, in this process: the loss values, then the gradients), or
     None when it does."""
-    import importlib
 
     parts = batch_parts(program, devices)
     if parts == 1:
         return None
-    split = importlib.import_module("xbridge.backends._torch.loss_split")
+    from ..torch import loss_split as split
     try:
         found = split.split_losses(program, weights, parts)
     except Exception:  # the check is an explanation: a model it cannot run is left to the verdict alone

@@ -41,13 +41,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..contract import PieceWriter
 from ..errors import CheckpointError, NonFinite, RunError
 from ..ir import serialize
 from ..ir.program import Program
@@ -245,12 +245,9 @@ class Writer:
             if not old.is_symlink():
                 shutil.rmtree(old)
 
-    def save(self, step: int, model: dict[str, Any], train: dict[str, Any], info: dict[str, Any],
-             group: shards.Group | None = None) -> Path:
-        """Write checkpoint ``step``; refuses (RunError) a state holding NaN/Inf, keeping the last good one. With
-        a ``group`` of processes, every process calls it and each writes the pieces it holds (:meth:`_save_sharded`)."""
-        if group is not None:
-            return self._save_sharded(step, model, train, info, group)
+    def save(self, step: int, model: dict[str, Any], train: dict[str, Any], info: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` of a state whole in this process; refuses (RunError) a state holding NaN/Inf,
+        keeping the last good one."""
         import safetensors.numpy
 
         final = self._refuse(step, model, train)
@@ -270,53 +267,34 @@ class Writer:
         self._prune()
         return final
 
-    def _save_sharded(self, step: int, model: dict[str, Any], train: dict[str, Any], info: dict[str, Any],
-                      group: shards.Group) -> Path:
-        """Every process of ``group`` writes its pieces; process 0 commits once all have (module docstring). A
+    def save_pieces(self, step: int, pieces: PieceWriter, info: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` in pieces (``Executable`` with the ShardedCheckpoint capability). With a
+        ``pieces.group``, every process of the group calls it and writes its part into a folder of its own, and
+        process 0 commits once all have (module docstring); without one, ``pieces.write`` has every process write its
+        part into this process's folder (inductor's ranks, which this process drives), and this process commits. A
         process that fails raises and stops; the job's supervisor then stops the others, blocked at a barrier."""
         final = self._final(step)
-        group.barrier(f"xbridge-save-{step}-begin")
-        if group.index == 0:
-            # process 0 holds the directory's lock, so no other run saves here, and this job's processes create
-            # their folders after the next barrier: every temporary folder present is a dead save's
-            for stale in self.directory.glob(".tmp-step-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-        group.barrier(f"xbridge-save-{step}-clean")
-        tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}-p{group.index}"
+        group = pieces.group
+        if group is None:
+            self._remove_stale()
+            tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
+        else:
+            group.barrier(f"xbridge-save-{step}-begin")
+            if group.index == 0:
+                # process 0 holds the directory's lock, so no other run saves here, and this job's processes create
+                # their folders after the next barrier: every temporary folder present is a dead save's
+                for stale in self.directory.glob(".tmp-step-*"):
+                    shutil.rmtree(stale, ignore_errors=True)
+            group.barrier(f"xbridge-save-{step}-clean")
+            tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}-p{group.index}"
         try:
             tmp.mkdir()
-            part = shards.write_part(tmp, group, model, train)
-            write_file(tmp / shards.part_record(group.index), json.dumps(part).encode())
-            _fsync_dir(tmp)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise self._failed(step, exc) from None
-        except NonFinite as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise self._not_saving(step, str(exc)) from None
-        group.barrier(f"xbridge-save-{step}-written")
-        if group.index == 0:
-            try:
-                self._commit(step, tmp, final, info, self._gather_parts(step, tmp, group.count))
-            except OSError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise self._failed(step, exc) from None
-        group.barrier(f"xbridge-save-{step}-committed")
-        self.last = final
-        if group.index == 0:
-            self._prune()
-        return final
-
-    def save_parts(self, step: int, write: Callable[[Path], list[dict[str, Any]]], info: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` from the parts ``write(folder)`` has the backend's processes write into the
-        temporary folder (``Executable.checkpoint_parts``); committed as :meth:`save` commits."""
-        final = self._final(step)
-        self._remove_stale()
-        tmp = self.directory / f".tmp-step-{step:08d}-{os.getpid()}"
-        try:
-            tmp.mkdir()
-            parts = write(tmp)
-            self._commit(step, tmp, final, info, parts)
+            parts = pieces.write(tmp)
+            if group is not None:
+                write_file(tmp / shards.part_record(group.index), json.dumps(parts[0]).encode())
+                _fsync_dir(tmp)
+            else:
+                self._commit(step, tmp, final, info, parts)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise self._failed(step, exc) from None
@@ -326,8 +304,18 @@ class Writer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if group is not None:
+            group.barrier(f"xbridge-save-{step}-written")
+            if group.index == 0:
+                try:
+                    self._commit(step, tmp, final, info, self._gather_parts(step, tmp, group.count))
+                except OSError as exc:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise self._failed(step, exc) from None
+            group.barrier(f"xbridge-save-{step}-committed")
         self.last = final
-        self._prune()
+        if group is None or group.index == 0:
+            self._prune()
         return final
 
     def _gather_parts(self, step: int, tmp: Path, count: int) -> list[dict[str, Any]]:

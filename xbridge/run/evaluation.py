@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..backend import Executable
+from ..contract import Executable
 from ..data.contract import BatchCheck, tokens_per_example
 from ..errors import RunError
 from ..ir.program import Eval

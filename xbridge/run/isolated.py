@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backend import registry
+from ..contract import registry
 from ..errors import ConfigError
 from .record import RunRecord
 

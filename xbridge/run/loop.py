@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import math
 import os
 import platform
@@ -28,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..backend import Backend, Executable, Target, registry
+from ..contract import Backend, Executable, MultiProcess, ShardedCheckpoint, Target, registry
+from ..contract.capabilities import diagnostics, probes, profiling, reads_slices, traced_modules
 from ..data.contract import BatchCheck, checked_batch, describe, reproducible, tokens_per_example
 from ..errors import BackendUnavailable, ConfigError, Interrupted, RunError
 from ..files import write_npz
@@ -149,7 +149,9 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
-    calls = importlib.import_module("xbridge.backends._torch.loss_check").check_loss(program)   # before any compile
+    from ..torch.loss_check import check_loss
+
+    calls = check_loss(program)   # before any compile
     backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
@@ -158,16 +160,16 @@ def prepare(program: Program, target_text: str, options: RunOptions,
         weights = initial_weights(program)
     else:
         check_weights(program, weights)
-        weights = readable(backend, weights)
+        weights = readable(executable, weights)
     executable.init(weights)
     if program.step.attention != "auto":
         check_attention(program, target, executable)
     return Prepared(target, backend, plan, executable, backend_options, calls)
 
 
-def readable(backend: Backend, arrays: dict[str, Any]) -> dict[str, Any]:
-    """A sharded checkpoint's tensors as they are (the backend reads the slices it needs) or read whole."""
-    return arrays if backend.reads_slices else {name: np.asarray(value) for name, value in arrays.items()}
+def readable(executable: Executable, arrays: dict[str, Any]) -> dict[str, Any]:
+    """A sharded checkpoint's tensors as they are (the executable reads the slices it needs) or read whole."""
+    return arrays if reads_slices(executable) else {name: np.asarray(value) for name, value in arrays.items()}
 
 
 def check_attention(program: Program, target: Target, executable: Executable) -> None:
@@ -177,7 +179,8 @@ def check_attention(program: Program, target: Target, executable: Executable) ->
     with warnings.catch_warnings(record=True) as caught:      # torch says why a kernel was not used, as warnings
         warnings.simplefilter("always")
         try:
-            executable.attention_kernels(checked_batch(program.data, 0, program.seed))
+            if (probe := probes(executable)) is not None:
+                probe.attention_kernels(checked_batch(program.data, 0, program.seed))
         except RuntimeError as exc:
             if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
                 raise
@@ -224,11 +227,11 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
     with tracing, Feed(lambda s: executable.fetch(program.data, s, program.seed, check), steps, prefetch) as feed:
         for step in range(start, steps):
             if step - start == warmup:
-                executable.mark_warm()
+                diagnostics(executable).mark_warm()
             if profile is not None and step == max(profile[0].start, start):
-                tracing.enter_context(executable.profiler(profile[1]))
+                tracing.enter_context(profiling(executable).profiler(profile[1]))
             profiled = profile is not None and profile[0].start <= step < profile[0].stop
-            with executable.profile_step(step) if profiled else contextlib.nullcontext():
+            with profiling(executable).profile_step(step) if profiled else contextlib.nullcontext():
                 record = _one_step(executable, feed, step, check)
             if profile is not None and step == profile[0].stop - 1:
                 tracing.close()         # the trace is written here, before the steps after it
@@ -261,14 +264,16 @@ def attention_report(program: Program, prepared: Prepared, start: int) -> dict[s
     backend's probe; None when it cannot tell (a probe that fails does not fail a finished run)."""
     if prepared.attention_calls == 0:
         return {}
+    if (probe := probes(prepared.executable)) is None:
+        return None
     try:
-        return prepared.executable.attention_kernels(checked_batch(program.data, start, program.seed))
+        return probe.attention_kernels(checked_batch(program.data, start, program.seed))
     except Exception:
         return None
 
 
 def nonfinite_message(prepared: Prepared, loss: float, step: int, last_good: Path | None) -> str:
-    culprits = prepared.executable.nonfinite_grads()
+    culprits = diagnostics(prepared.executable).nonfinite_grads()
     if culprits:
         grads = f"first non-finite gradient: {culprits[0]!r} ({len(culprits)} parameter(s) in all)"
     else:
@@ -340,12 +345,12 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         writer.lock()
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable
     if resumed is not None:
-        executable.load_training_state(readable(backend, resumed.train))
+        executable.load_training_state(readable(executable, resumed.train))
     if options.trace_out is not None:
         # the training batch as the step sees it (with --rng portable, its rows for the generator: the traced
         # forward draws what the step draws)
         check = BatchCheck(program.data, expected_rows=program.data.batch_size, rng_rows=rng_rows(program))
-        write_npz(options.trace_out, executable.trace_modules(check(program.data.batch(start, program.seed), start)))
+        write_npz(options.trace_out, traced_modules(executable, check(program.data.batch(start, program.seed), start)))
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
     assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)
@@ -354,12 +359,11 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
     def save(done: int) -> None:
         assert writer is not None
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
-        parts = executable.checkpoint_parts()
-        if parts is not None:
-            saved.append(str(writer.save_parts(done, parts, info)))
-            return
-        model, train, group = executable.checkpoint_state()
-        saved.append(str(writer.save(done, model, train, info, group)))
+        pieces = executable.piece_writer() if isinstance(executable, ShardedCheckpoint) else None
+        if pieces is not None:
+            saved.append(str(writer.save_pieces(done, pieces, info)))
+        else:
+            saved.append(str(writer.save(done, executable.state_dict(), executable.training_state(), info)))
 
     evaluator = Evaluator(program.eval, program.seed, executable, options.steps) if program.eval else None
     if evaluator is not None:
@@ -376,7 +380,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
             if writer is None:
                 return
             requested = interrupt["requested"]
-            if processes.this_process()[1] > 1:     # the processes saw Ctrl-C at different points: all stop here
+            if processes.this_process()[1] > 1 and isinstance(executable, MultiProcess):
+                # the processes saw Ctrl-C at different points: all stop here
                 requested = interrupt["requested"] = executable.any_process(requested)
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
             if due or done == options.steps or requested:
@@ -393,13 +398,14 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
                         lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
-    summary.recompiles_after_warmup = executable.recompiles() if warmup else None
+    diag, probe = diagnostics(executable), probes(executable)
+    summary.recompiles_after_warmup = diag.recompiles() if warmup else None
     if summary.recompiles_after_warmup:
-        summary.recompile_reasons = executable.recompile_reasons()
-    if options.matmul_dtypes:
-        summary.matmul_dtypes = executable.matmul_dtypes(checked_batch(program.data, start, program.seed))
+        summary.recompile_reasons = diag.recompile_reasons()
+    if options.matmul_dtypes and probe is not None:
+        summary.matmul_dtypes = probe.matmul_dtypes(checked_batch(program.data, start, program.seed))
     summary.attention = attention_report(program, prepared, start)
-    dumped = [str(p) for p in executable.dump(options.dump)] if options.dump else []
+    dumped = [str(p) for p in diag.dump(options.dump)] if options.dump else []
     if options.state_out is not None:
         write_npz(options.state_out, executable.state_dict())
     return RunRecord(
@@ -410,10 +416,10 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         resumed_from=str(resumed.path) if resumed else None,
         config_changes=checkpoint.config_changes(resumed.manifest, program) if resumed else [],
         checkpoints=saved, steps=records, summary=summary, dumped=dumped,
-        device_kind=executable.device_kind() or target.device, device_peak_bytes=executable.device_peak_bytes(),
+        device_kind=diag.device_kind() or target.device, device_peak_bytes=diag.device_peak_bytes(),
         peak_host_rss_bytes=_peak_rss_bytes(), host_rss_before_steps_bytes=rss_before_steps,
-        layout=executable.layout(),
-        compile_cache=cache.to_json() if (cache := executable.compile_cache()) is not None else None,
+        layout=diag.layout(),
+        compile_cache=cache.to_json() if (cache := diag.compile_cache()) is not None else None,
         data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program),
         profile=summarise(traced[1], traced[0]) if traced else None,
         processes=options.processes if isinstance(options.processes, int) else 1)

@@ -1,5 +1,5 @@
 """``--rng portable`` in the run loop: which rows each batch check labels (the generator's counters) and the
-program's loss routed through the portable generator (backends/_torch/portable_rng.py) before a backend lowers it.
+program's loss routed through the portable generator (xbridge/torch/portable_rng.py) before a backend lowers it.
 Both are no-ops under ``native``, each stack's own generator."""
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ def with_rng(program: Program) -> Program:
     computed by the portable generator (idempotent)."""
     if program.step.rng != "portable" or getattr(program.loss, "portable_rng", False):
         return program
-    import importlib
 
     # the generator is torch code shared by every backend (all of them run the program's torch forward)
-    portable = importlib.import_module("xbridge.backends._torch.portable_rng")
+    from ..torch import portable_rng as portable
     return program.replace(loss=portable.portable_loss(program.loss, program.seed))

@@ -1,7 +1,7 @@
 """The scanned layers' trained parameters kept stacked between steps (``StepOptions(scan_layers=True)`` on jax): the
-grouping and the names are backends/layer_stacks.py's (shared with xla); here the JAX side. The state holds one
+grouping and the names are xbridge/torch/layer_stacks.py's (shared with xla); here the JAX side. The state holds one
 array per layer-relative name (``blocks.*.q.weight``), the scan reads it as it is
-(:meth:`backends.jaxjit.scan.JaxScan.given`), and the optimizer state, the norm and the update are computed on it:
+(:meth:`backends.jaxjit.layer_scan.JaxScan.given`), and the optimizer state, the norm and the update are computed on it:
 one kernel per name instead of one per layer.
 optax's state is a tree, so its per-parameter dicts are stacked and unstacked where they are found
 (:meth:`Stacks.stack_tree`)."""
@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..layer_stacks import SEPARATOR, LayerStacks
+from xbridge.torch.layer_stacks import SEPARATOR, LayerStacks
 
 __all__ = ["SEPARATOR", "Stacks"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xbridge.backend import Backend
+from xbridge.contract import Backend
 
 
 class TorchDeviceBackend(Backend):

@@ -1,8 +1,8 @@
 """Scan over layers on jax (``StepOptions(scan_layers=True, layers=...)``): the layers of one ``nn.ModuleList`` are
 traced once and iterated by ``jax.lax.scan`` over their stacked parameters, so the compiled step holds one layer
-whatever the depth. How the model's own loop is taken over is shared with xla (backends/_torch/layer_scan.py).
+whatever the depth. How the model's own loop is taken over is shared with xla (xbridge/torch/layer_scan.py).
 
-The layers' trained parameters are held stacked between steps (backends/jaxjit/stacking.py) and read by the scan as
+The layers' trained parameters are held stacked between steps (backends/jaxjit/layer_stacks.py) and read by the scan as
 they are; the rest of the layers' tensors (buffers, frozen parameters) are stacked along a new leading axis in every
 step. Remat composes: each iteration runs the layer as ``StepOptions(remat=...)`` wrapped it (``jax.checkpoint``).
 torchax's generator key (dropout under ``--rng native``) is carried through the scan, so each layer draws its own."""
@@ -20,9 +20,8 @@ import torchax
 from torchax import interop
 
 from xbridge.ir.program import Program
-
-from .._torch.layer_scan import LayerScan
-from .._torch.remat import scanned_layers
+from xbridge.torch.layer_scan import LayerScan
+from xbridge.torch.remat import scanned_layers
 
 
 def apply(model: torch.nn.Module, program: Program) -> JaxScan | None:
@@ -41,7 +40,7 @@ class JaxScan(LayerScan):
     @contextlib.contextmanager
     def given(self, stacked: dict[str, jax.Array]) -> Iterator[None]:
         """While a loss is traced: the layer-relative names whose every layer's array the state holds stacked
-        already (backends/jaxjit/stacking.py); the scan reads them as they are, and stacks only the others."""
+        already (backends/jaxjit/layer_stacks.py); the scan reads them as they are, and stacks only the others."""
         before, self.stacked = self.stacked, stacked
         try:
             yield

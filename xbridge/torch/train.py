@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from xbridge.backend import Executable
+from xbridge.contract import Diagnostics, Executable
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.optim import SGD, AdamW
 from xbridge.ir.precision import Precision
@@ -27,7 +27,7 @@ from xbridge.ir.program import Program
 from xbridge.weights import tensor_to_numpy, to_numpy_state
 
 if TYPE_CHECKING:
-    from .stacked_params import StackedParams
+    from .layer_stacks import StackedParams
 
 __all__ = ["TorchTrainState", "TrainStep", "batch_to_torch", "build_model", "compute_context", "exact_fp32",
            "tensor_to_numpy", "tied_groups", "to_numpy_state", "torch_dtype"]
@@ -229,7 +229,7 @@ class TrainStep:
                  stacked: StackedParams | None = None) -> None:
         """``compile``: a backend's compiler (torch.compile) for the loss (forward, and backward through
         AOTAutograd) and for the optimizer update; ``foreach``: see :func:`make_optimizer`; ``stacked``: the
-        scanned layers' parameters held stacked (backends/_torch/stacked_params.py), which the optimizer then
+        scanned layers' parameters held stacked (xbridge/torch/layer_stacks.py), which the optimizer then
         updates as one tensor per layer-relative name."""
         self.program = program
         self.model = model
@@ -374,9 +374,9 @@ class TrainStep:
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
 
-class TorchTrainState(Executable):
+class TorchTrainState(Executable, Diagnostics):
     """The checkpoint and fault parts of the Executable contract for executables that hold ``self.train_step``
-    (a :class:`TrainStep`)."""
+    (a :class:`TrainStep`), and the non-finite gradient report of :class:`Diagnostics`."""
 
     train_step: TrainStep
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from xbridge import hints
-from xbridge.backend import on_host
+from xbridge.contract import Probes, Profiling, on_host
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 
@@ -23,7 +23,7 @@ from .profiling import torch_profiler, torch_step
 from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
 
-class TorchExecutable(TorchTrainState):
+class TorchExecutable(TorchTrainState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device) -> None:
         self.program, self.plan, self.device = program, plan, device
         exact_fp32(device)

@@ -11,7 +11,7 @@ import importlib.metadata
 from dataclasses import dataclass
 
 from ..errors import BackendUnavailable, TargetError
-from . import Backend, BackendOption, Target
+from .backend import Backend, BackendOption, Target
 
 GROUP = "xbridge.backends"
 DEVICE_ALIASES = {"gpu": "cuda"}
@@ -41,7 +41,7 @@ def load(name: str) -> Loaded:
     except Exception as exc:  # a broken plugin must not break discovery of the others
         return Loaded(None, f"backend {name!r} failed to load ({ep.value}): {type(exc).__name__}: {exc}")
     if not isinstance(backend, Backend):
-        return Loaded(None, f"backend {name!r} ({ep.value}) is not an xbridge.backend.Backend")
+        return Loaded(None, f"backend {name!r} ({ep.value}) is not an xbridge.contract.Backend")
     return Loaded(backend, None)
 
 

@@ -16,8 +16,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from xbridge.errors import RunError
 from xbridge.run import shards
-
-from .._torch.train import TrainStep, tensor_to_numpy
+from xbridge.torch.train import TrainStep, tensor_to_numpy
 
 
 def pieces(value: torch.Tensor) -> shards.Sharded | np.ndarray:

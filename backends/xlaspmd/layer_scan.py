@@ -1,8 +1,8 @@
 """Scan over layers on torch_xla (``StepOptions(scan_layers=True, layers=...)``): the layers of one ``nn.ModuleList``
 run as one ``torch_xla.experimental.scan.scan`` (an XLA ``While`` loop whose body is the first layer, traced once by
 AOTAutograd, forward and backward) over their stacked parameters, so the step's graph holds one layer whatever the
-depth. How the model's own loop is taken over is shared with jax (backends/_torch/layer_scan.py). The layers' trained
-parameters are held stacked between steps (backends/_torch/stacked_params.py), so the scan reads them as they are and
+depth. How the model's own loop is taken over is shared with jax (xbridge/torch/layer_scan.py). The layers' trained
+parameters are held stacked between steps (xbridge/torch/layer_stacks.py), so the scan reads them as they are and
 the optimizer updates one tensor per layer-relative name.
 
 torch_xla's ``scan_layers`` carries one tensor; a decoder layer also takes masks and position embeddings, and a tensor
@@ -34,10 +34,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
+from xbridge.torch.layer_scan import LayerScan
+from xbridge.torch.remat import scanned_layers
 
-from .._torch.layer_scan import LayerScan
-from .._torch.remat import scanned_layers
-from . import scan_loops
+from . import layer_scan_loops
 from .remat import scan_partition
 
 
@@ -73,7 +73,7 @@ class _XlaScan(LayerScan):
         super().__init__(path, layers)
         self.target, self.partition = target, partition
         self._bodies: dict[Any, Callable[..., Any]] = {}
-        scan_loops.install()
+        layer_scan_loops.install()
 
     def scan(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         from torch_xla.experimental.scan import scan
@@ -96,7 +96,7 @@ class _XlaScan(LayerScan):
             if key is not None:
                 self._bodies[key] = body
         if key is not None:
-            scan_loops.remember(body)
+            layer_scan_loops.remember(body)
         carry, _ = scan(body, (hidden, *[leaves[i] for i in floats]), (weights, broadcast),
                         is_fn_pure=key is not None, partition_fn=self.partition)
         return carry[0]

@@ -65,7 +65,7 @@ class LayerScan:
 
     def stacked_weights(self) -> dict[str, torch.Tensor]:
         """Each parameter and buffer name of a layer -> every layer's on a leading axis: the parameters the backend
-        holds stacked (:attr:`held`, backends/_torch/stacked_params.py) as they are, the rest stacked now."""
+        holds stacked (:attr:`held`, xbridge/torch/layer_stacks.py) as they are, the rest stacked now."""
         per_layer = self._per_layer()
         return {name: self.held[name] if name in self.held else torch.stack([t[name] for t in per_layer])
                 for name in self.names}

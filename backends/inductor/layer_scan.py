@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from xbridge.ir.program import Program
-
-from .._torch.remat import recomputed, scanned_layers, torch_checkpoint
+from xbridge.torch.remat import recomputed, scanned_layers, torch_checkpoint
 
 _regions: dict[tuple[Callable[..., Any], str], Callable[..., Any]] = {}   # (forward, remat) -> its one region
 
