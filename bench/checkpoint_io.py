@@ -37,9 +37,10 @@ TARGET = {"eager": "eager-cpu", "inductor": "inductor-cpu", "jax": "jax-cpu", "x
 
 
 def child(program_path: str, backend: str, rounds: int) -> dict:
+    from xbridge import checkpoint
     from xbridge.program_file import load_program
-    from xbridge.run import checkpoint
-    from xbridge.run.loop import RunOptions, prepare
+    from xbridge.run.loop import RunOptions
+    from xbridge.run.prepare import prepare
 
     program = load_program(program_path)
     prepared = prepare(program, TARGET[backend], RunOptions(steps=2, warmup=1))
@@ -80,12 +81,13 @@ def _status_kib(field: str) -> int:
 def sharded_child(program_path: str, processes: int, devices: int, mesh: str, rounds: int, directory: str) -> dict:
     """One process of a P-process jax job: two steps, then ``rounds`` of (sharded save, sharded load), each
     measured for time and for its tracemalloc peak; then the gathered state's peak for comparison."""
+    from xbridge import checkpoint
+    from xbridge import processes as job
     from xbridge.contract import registry
     from xbridge.ir.mesh import parse_mesh
     from xbridge.program_file import load_program
-    from xbridge.run import checkpoint
-    from xbridge.run import processes as job
-    from xbridge.run.loop import RunOptions, prepare
+    from xbridge.run.loop import RunOptions
+    from xbridge.run.prepare import prepare
 
     program = load_program(program_path).replace(mesh=parse_mesh(mesh))
     _, backend = registry.resolve("jax-cpu")
@@ -144,7 +146,7 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
 
 
 def sharded(args: argparse.Namespace) -> None:
-    from xbridge.run import processes as job
+    from xbridge import processes as job
 
     directory = tempfile.mkdtemp(prefix="xbridge-sharded-bench-")
     env = {job.COORDINATOR: f"127.0.0.1:{job.free_port()}", job.COUNT: str(args.processes)}

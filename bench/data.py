@@ -67,7 +67,9 @@ def child(program_path: str, backend: str, producer: str, rounds: int, per_round
     from overhead import median_interval
 
     from xbridge.program_file import load_program
-    from xbridge.run.loop import RunOptions, prepare, train
+    from xbridge.run.loop import RunOptions
+    from xbridge.run.prepare import prepare
+    from xbridge.run.steps import train
 
     program = load_program(program_path)
     prepared = prepare(program, TARGET[backend], RunOptions(steps=2, warmup=1))

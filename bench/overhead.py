@@ -42,7 +42,8 @@ def child(program_path: str, backend: str, limits: dict, per_round: int, precisi
 
     from xbridge.parity import policy
     from xbridge.program_file import load_program
-    from xbridge.run.loop import RunOptions, prepare
+    from xbridge.run.loop import RunOptions
+    from xbridge.run.prepare import prepare
     from xbridge.weights import initial_weights
 
     program = load_program(program_path)

@@ -16,10 +16,10 @@ import pytest
 
 import xbridge as xb
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from xbridge import checkpoint
 from xbridge.errors import CheckpointError, RunError
 from xbridge.files import read_npz
 from xbridge.parity import policy as parity
-from xbridge.run import checkpoint
 from xbridge.run.loop import RunOptions, run
 
 MLP = str(PROGRAMS / "mlp.py")
@@ -277,14 +277,14 @@ def test_a_save_that_fails_leaves_no_temporary_folder_and_keeps_the_last_good_on
     state = {"w": np.ones(3, np.float32)}
     train = {"loop/updates": np.array(2, np.int64)}
     first = writer.save(2, state, train, {})
-    original = checkpoint.write_file
+    original = checkpoint.writer.write_file
 
     def full(path, data):
         if path.name == checkpoint.TRAIN_FILE:
             raise OSError(28, "No space left on device")
         return original(path, data)
 
-    monkeypatch.setattr(checkpoint, "write_file", full)
+    monkeypatch.setattr(checkpoint.writer, "write_file", full)
     with pytest.raises(RunError) as failed:
         writer.save(4, state, {"loop/updates": np.array(4, np.int64)}, {})
     assert str(failed.value) == (f"checkpoint of step 4 could not be written to {str(ck)!r}: No space left on device; "

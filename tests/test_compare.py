@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, read_scalars, run_cli
+from xbridge.compare.record import CompareRecord
 from xbridge.contract import registry
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -82,7 +83,9 @@ def test_compare_every_available_target(tmp_path):
     assert "command: `xbridge compare " in report
     git = record["provenance"]["git"]          # a clone of the project: its commit (None only without git)
     assert git is None or f"at commit `{git['commit'][:12]}`" in report
-    assert json.loads((tmp_path / "results.json").read_text())["targets"][1]["target"] == targets[1]
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["targets"][1]["target"] == targets[1]
+    assert json.dumps(CompareRecord.from_json(written).to_json()) == json.dumps(written)    # read back as written
     # docs/results.md's compare section is regenerated from this folder; the text around the markers stays
     page = tmp_path / "results.md"
     page.write_text("# Results\n\nbefore\n<!-- compare:make-run begin -->\nold table\n"
@@ -119,7 +122,7 @@ def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path, monkeypa
 
     console = Console(record=True, width=120)     # the terminal's table of the same record, errors in full
     monkeypatch.setattr(tables, "console", console)
-    tables.print_compare(json.loads(proc.stdout))
+    tables.print_compare(CompareRecord.from_json(json.loads(proc.stdout)))
     human = console.export_text()
     assert "jax-cpu: failed: killed by signal 9" in human and "xla-cpu: timeout: no result after 20 s" in human
 

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from helpers import PROGRAMS, ROOT, error_line, one_error_line, run_cli
+from xbridge import checkpoint
 from xbridge.parity import policy as parity
-from xbridge.run import checkpoint
-from xbridge.run.loop import RunOptions, prepare, run, train
+from xbridge.run.loop import RunOptions, run
+from xbridge.run.prepare import prepare
+from xbridge.run.steps import train
 
 pytestmark = pytest.mark.cli
 pytest.importorskip("torch", reason="the inductor backend is not installed (pip install 'xbridge[inductor]')")

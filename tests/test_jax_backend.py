@@ -12,7 +12,9 @@ import xbridge as xb
 from helpers import PROGRAMS, run_cli
 from xbridge.errors import BackendUnavailable, LoweringError
 from xbridge.parity import policy as parity
-from xbridge.run.loop import RunOptions, prepare, train
+from xbridge.run.loop import RunOptions
+from xbridge.run.prepare import prepare
+from xbridge.run.steps import train
 
 TP_MESH = xb.Mesh(data=-1, model=2)   # 8 devices: data=4 x model=2, tensor-parallel rules on "model"
 

@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import FIXTURES, PROGRAMS, run_cli
-from xbridge.data.contract import checked_batch
+from xbridge.data.source import checked_batch
 from xbridge.program_file import load_program
 from xbridge.torch import memory_estimate, remat
 from xbridge.torch.train import batch_to_torch, build_model, split_micro

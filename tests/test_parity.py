@@ -9,6 +9,7 @@ import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.contract import registry
+from xbridge.parity.record import ParityRecord
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -31,7 +32,9 @@ def available_or_skip(target: str, devices: int = 1) -> None:
 def parity(tmp_path, program, *args):
     proc = run_cli("parity", str(program), "--format", "json", "--out", str(tmp_path), "--jobs", "2", *args)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout)
+    record = json.loads(proc.stdout)
+    assert json.dumps(ParityRecord.from_json(record).to_json()) == json.dumps(record)     # read back as written
+    return proc.returncode, record
 
 
 # One parity run per device count, every target of that count in it (the reference runs once for all of them):

@@ -83,12 +83,12 @@ def test_a_joining_process_leaves_the_accelerator_probe_to_jax_after_the_join(mo
     import jax
 
     from xbridge.backends import jaxjit
-    from xbridge.run import processes
+    from xbridge.processes import job
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))
     monkeypatch.setattr(jax, "devices", lambda *a: pytest.fail("jax.devices called before the job was joined"))
-    monkeypatch.setattr(processes, "_joining", True)
+    monkeypatch.setattr(job, "_joining", True)
     assert jaxjit.JaxBackend().device_reason("tpu") is None
 
 
@@ -254,8 +254,8 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
     import time
 
     from helpers import ROOT
+    from xbridge import checkpoint
     from xbridge.program_file import load_program
-    from xbridge.run import checkpoint
 
     ck = tmp_path / "ck"
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
@@ -285,7 +285,7 @@ def test_a_long_compile_keeps_saying_so(tmp_path, monkeypatch):
     again every timeout/4 s, so a compile longer than XBRIDGE_DIST_TIMEOUT is not taken for a hang; it stops with
     the block. (By hand, 2026-12-01: a 30 s trace under XBRIDGE_DIST_TIMEOUT=20 ran to the end; before, the job was
     stopped as `made no progress for 20 s (...; it was in step 0)`.)"""
-    from xbridge.run import processes
+    from xbridge import processes
 
     heartbeat = tmp_path / "beat"
     monkeypatch.setenv(processes.HEARTBEAT, str(heartbeat))

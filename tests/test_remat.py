@@ -12,7 +12,9 @@ import torch
 
 from helpers import FIXTURES, PROGRAMS, one_error_line, run_cli
 from xbridge.program_file import load_program
-from xbridge.run.loop import RunOptions, prepare, train
+from xbridge.run.loop import RunOptions
+from xbridge.run.prepare import prepare
+from xbridge.run.steps import train
 
 LAYERED = str(FIXTURES / "layered.py")
 

@@ -15,7 +15,8 @@ import pytest
 import xbridge as xb
 from helpers import FIXTURES, one_error_line, run_cli
 from xbridge.errors import ConfigError
-from xbridge.run.loop import RunOptions, prepare, run
+from xbridge.run.loop import RunOptions, run
+from xbridge.run.prepare import prepare
 
 pytest.importorskip("torchax", reason="the jax backend is not installed (pip install 'xbridge[jax]')")
 

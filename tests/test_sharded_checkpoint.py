@@ -1,4 +1,4 @@
-"""Sharded checkpoints (xbridge/run/shards.py): each process writes only the pieces it holds, process 0 commits
+"""Sharded checkpoints (xbridge/checkpoint/shards.py): each process writes only the pieces it holds, process 0 commits
 once all have written, and a reader reads only the pieces that overlap the slice it asks for, each checked against
 its SHA-256. Two threads with a barrier stand in for two processes here; tests/test_processes.py runs the real
 thing (two jax processes, one of them killed mid-save)."""
@@ -12,8 +12,10 @@ import threading
 import numpy as np
 import pytest
 
+from xbridge import checkpoint
+from xbridge.checkpoint import shards
+from xbridge.contract import PieceWriter
 from xbridge.errors import CheckpointError
-from xbridge.run import checkpoint, shards
 from xbridge.weights import initial_weights
 
 
@@ -39,7 +41,8 @@ def _save_as_two(directory, program, weights, step=3):
                 writer.lock()
             model = {n: _halves(a, index) if a.ndim == 2 else a for n, a in weights.items()}
             group = shards.Group(index, 2, lambda name: barrier.wait(timeout=60))
-            results[index] = writer.save(step, model, train, info, group)
+            pieces = PieceWriter(lambda folder: [shards.write_part(folder, group, model, train)], group)
+            results[index] = writer.save_pieces(step, pieces, info)
         except Exception as exc:     # noqa: BLE001 (reported below)
             errors.append(exc)
             barrier.abort()

@@ -238,7 +238,8 @@ def test_a_torch_tensor_batch_reaches_jax_without_a_copy(mlp_program):
     import torch
 
     import xbridge as xb
-    from xbridge.run.loop import RunOptions, prepare
+    from xbridge.run.loop import RunOptions
+    from xbridge.run.prepare import prepare
 
     program = mlp_program.replace(data=xb.data.Digits(batch_size=8))
     executable = prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1)).executable

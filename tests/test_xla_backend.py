@@ -15,7 +15,9 @@ from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.contract import registry
 from xbridge.errors import BackendUnavailable
 from xbridge.parity import policy as parity
-from xbridge.run.loop import RunOptions, prepare, train
+from xbridge.run.loop import RunOptions
+from xbridge.run.prepare import prepare
+from xbridge.run.steps import train
 
 pytestmark = pytest.mark.cli
 pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")

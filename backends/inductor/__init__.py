@@ -48,15 +48,15 @@ class InductorBackend(TorchDeviceBackend):
         done in this process: they are set on the config modules here, and as environment variables for the
         processes started later (the distributed workers)."""
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
-        import torch._dynamo.config
-        import torch._functorch.config
         import torch._inductor.config as inductor_config
+
+        from . import patches  # the settings on torch's config modules (patches.py)
 
         # Skip the build-and-run probe of the CPU's base vector ISAs (torch/_inductor/cpu_vec_isa.py starts a
         # `python -c "import torch ..."` per ISA, about 2 s each, in every process); TORCHINDUCTOR_VEC_ISA_OK=0
         # (the user's) still wins.
         if inductor_config.cpp.vec_isa_ok is None:
-            inductor_config.cpp.vec_isa_ok = True
+            patches.skip_vec_isa_probe()
             os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
@@ -65,15 +65,15 @@ class InductorBackend(TorchDeviceBackend):
             # a cache hit skips code generation, and with it the dump: compile from scratch when dumping
             os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
             os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
-            inductor_config.trace.enabled = True
-            inductor_config.fx_graph_cache = False
-            torch._functorch.config.enable_autograd_cache = False
-            torch._dynamo.config.debug_dir_root = str(dump / "torch_compile_debug")
+            patches.debug_trace(dump)
 
     def averages_shard_losses(self, options: dict[str, str]) -> bool:
         return True      # one process per device, each with its rows; FSDP2 averages the gradients as DDP does
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
+        from . import patches
+
+        patches.apply()     # the pins of the patches this stack relies on (patches.py)
         mode = options["compile_mode"]
         fp16 = program.precision.loss_scale == "dynamic"
         if target.device == "cpu" and fp16 and isinstance(program.optimizer, AdamW):

@@ -1,4 +1,4 @@
-"""What one inductor rank writes of a sharded checkpoint (xbridge/run/shards.py): the local shard of each DTensor
+"""What one inductor rank writes of a sharded checkpoint (xbridge/checkpoint/shards.py): the local shard of each DTensor
 at its global offset, and a plain tensor (the same on every rank) as a full array, which only rank 0 writes. A
 slice several ranks hold (a replicated placement, or a DTensor on a sub-mesh that other sub-meshes repeat) is
 written once, by the lowest rank holding it: the ranks exchange which slices they hold before writing."""
@@ -14,8 +14,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from xbridge.checkpoint import shards
 from xbridge.errors import RunError
-from xbridge.run import shards
 from xbridge.torch.train import TrainStep, tensor_to_numpy
 
 

@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from xbridge.errors import RunError
-from xbridge.run.processes import describe_exit
+from xbridge.processes import describe_exit
 
 from .rpc import rebuild_error, serve
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from xbridge import hints
-from xbridge.data import contract
-from xbridge.data.contract import BatchCheck
+from xbridge.data import source as data_source
+from xbridge.data.source import BatchCheck
 from xbridge.errors import ConfigError, LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
@@ -29,30 +29,8 @@ from xbridge.torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp3
 
 from . import checkpoint_shards
 from .executable import InductorExecutable
+from .patches import ShardedGradScaler
 from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
-
-
-class ShardedGradScaler(torch.amp.GradScaler):
-    """torch's GradScaler over gradients that are partly DTensors (sharded or replicated on different meshes):
-    each rank unscales and checks its own pieces, and the found-inf flag is all-reduced, so every rank takes or
-    skips the step together (what torch.distributed.fsdp's ShardedGradScaler does for flat parameters)."""
-
-    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
-                        allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if param.grad is None:
-                        continue
-                    grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-                    if not allow_fp16 and grad.dtype == torch.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    by_dtype.setdefault(grad.dtype, []).append(grad)
-            for grads in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
-        return {found_inf.device: found_inf}
 
 
 class DistributedTrainStep(TrainStep):
@@ -166,7 +144,7 @@ class RankEngine(InductorExecutable):
             rows = rank_rows(data.batch_size, self.batch_parts, self.batch_index, self.program.step.grad_accum)
             check = BatchCheck(data, expected_rows=len(rows), rng_rows=rng_rows(self.program, rows))
             self._check = check
-            self._feed = Feed(lambda s: self.put(check(contract.rows(data, s, seed, rows), s)), stop=None)
+            self._feed = Feed(lambda s: self.put(check(data_source.rows(data, s, seed, rows), s)), stop=None)
         tensors, _ = self._feed.get(step)
         metrics = self._train(tensors)
         assert self._check is not None

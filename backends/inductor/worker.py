@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 def main() -> None:
     import signal
 
-    from xbridge.run.processes import die_with_parent
+    from xbridge.processes import die_with_parent
 
     conn = Connection(int(sys.argv[1]))
     die_with_parent()       # the kernel kills this worker when rank 0's process ends, however it ends

@@ -38,7 +38,7 @@ class JaxBackend(Backend):
         if not any(importlib.util.find_spec(m) for m in _PLATFORM_PLUGINS[device]):
             return (f"jax has no {device.upper()} runtime here (none of {', '.join(_PLATFORM_PLUGINS[device])} "
                     f"is installed; {_INSTALL_HINT[device]})")
-        from xbridge.run import processes
+        from xbridge import processes
 
         if processes.is_joining():      # jax.devices() would start the runtime, which must wait for the job
             return None
@@ -67,7 +67,7 @@ class JaxBackend(Backend):
         devices talk through gloo. The global mesh then spans every process's devices."""
         import jax
 
-        from xbridge.run import processes as job
+        from xbridge import processes as job
 
         found = job.environment_job()
         if found is None and processes != job.CLUSTER:
@@ -113,8 +113,10 @@ class JaxBackend(Backend):
         return options.get("sharding_mode") == "shard_map"   # gspmd takes the loss over the global batch
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
+        from . import patches
         from .executable import JaxExecutable
 
+        patches.apply()     # torchax's autocast hook and operator table (patches.py), once per process
         return JaxExecutable(program, plan, target, options["sharding_mode"])
 
 

@@ -29,8 +29,6 @@ from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
-import torch
-import torch.nn.functional as F
 
 from xbridge.errors import ConfigError
 from xbridge.torch.fused_attention import flash_scale, flash_tiles, masked_bias, no_dropout
@@ -102,27 +100,14 @@ def pallas_flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, a
 @contextlib.contextmanager
 def routed(attention: str) -> Iterator[None]:
     """While a loss is traced: its attention calls go to JAX's ``attention`` implementation (nothing for the
-    torchax reference). torchax's default environment is the process's, so the entries are put back after."""
+    torchax reference). torchax's default environment is the process's, so the entries are put back after
+    (backends/jaxjit/patches.py)."""
     if KERNELS.get(attention, TORCHAX) == TORCHAX:
         yield
         return
-    import torchax
-    from torchax.ops import ops_registry
+    from . import patches
 
-    env = torchax.default_env()
     impl = (pallas_flash_attention if attention == "flash"
             else functools.partial(dot_product_attention, implementation=attention))
-    keys = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention,
-            torch.ops.aten.scaled_dot_product_attention.default)
-    before = {key: env._ops.get(key) for key in keys}
-    for key in keys:
-        env._ops[key] = ops_registry.Operator(key, impl, is_jax_function=True, is_user_defined=True,
-                                              needs_env=False, is_view_op=False)
-    try:
+    with patches.routed_attention(impl):
         yield
-    finally:
-        for key, op in before.items():
-            if op is None:
-                env._ops.pop(key, None)
-            else:
-                env._ops[key] = op

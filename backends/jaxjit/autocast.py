@@ -20,6 +20,8 @@ torchax lowers some torch functions before they reach aten (``F.linear``, ``F.sc
 ``torch.einsum``, ...), and sees others only after the decomposition that torch casts above (the convolutions reach
 it as ``aten.convolution``), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
 policy. Measured: without it a bf16-mixed GPT step ran every matmul in float32, and a convolution stayed float32.
+
+Both the hook and the table's additions are installed by backends/jaxjit/patches.py (``JaxBackend.lower()``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torchax import amp
 from torchax.amp import CastPolicy
 
 from xbridge.torch.autocast import FP32, LOWER, PROMOTE, cast_inputs
@@ -65,13 +66,6 @@ def execute_policy(policy: CastPolicy, args: Any, kwargs: Any, target_lower_fp: 
     if dtype is None:
         return args, kwargs
     return cast_inputs(_POLICY[policy], args, kwargs, dtype)
-
-
-def install() -> None:
-    """Once per process, before anything is traced."""
-    for func, policy in FUNCTION_POLICY.items():
-        amp.autocast_policy.setdefault(func, policy)
-    amp.execute_policy = execute_policy
 
 
 @contextlib.contextmanager

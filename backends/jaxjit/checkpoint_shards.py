@@ -1,6 +1,6 @@
-"""A jax process's side of a sharded checkpoint (xbridge/run/shards.py). Writing: of each global array, the shards
-its devices hold whose ``replica_id`` is 0 (JAX numbers the copies of a replicated slice; exactly one device in
-the job holds replica 0), at the offsets their ``index`` gives. Reading: each device's slice of an array, read on
+"""A jax process's side of a sharded checkpoint (xbridge/checkpoint/shards.py). Writing: of each global array, the
+shards its devices hold whose ``replica_id`` is 0 (JAX numbers the copies of a replicated slice; exactly one device
+in the job holds replica 0), at the offsets their ``index`` gives. Reading: each device's slice of an array, read on
 its own from numpy or from a checkpoint's tensor."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from xbridge.run.shards import Sharded
+from xbridge.checkpoint.shards import Sharded
 
 
 def held(leaf: jax.Array, dtype: Any) -> Sharded:

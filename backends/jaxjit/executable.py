@@ -1,39 +1,35 @@
-"""The JAX executable: state placement from the plan, one jitted train step (GSPMD or shard_map), numpy I/O."""
+"""The JAX executable: state placement from the plan, one jitted train step (GSPMD or shard_map: built by
+step_builders.py), batches onto the mesh (feeding.py: each process's rows under several processes), numpy I/O."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.dlpack
 import jax.numpy as jnp
 import numpy as np
-import optax
 import torch
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xbridge import hints
+from xbridge import hints, processes
 from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
-from xbridge.data import contract
-from xbridge.data.contract import BatchCheck, checked_batch
-from xbridge.errors import BackendUnavailable, LoweringError
+from xbridge.data.source import checked_batch
+from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
-from xbridge.ir.sharding import Spec, spec_axes
+from xbridge.ir.sharding import Spec
 from xbridge.planner import ShardingPlan
-from xbridge.run import processes
 from xbridge.run.profile import STEP_MARK
-from xbridge.run.rng import rng_rows
 from xbridge.torch import remat as shared_remat
-from xbridge.torch.train import build_model, eval_mode, tensor_to_numpy
+from xbridge.torch.train import build_model, tensor_to_numpy
 
-from . import attention, checkpoint_shards, layer_scan, ops, optimizers, remat
+from . import attention, checkpoint_shards, layer_scan, ops, optimizers, remat, step_builders
+from .feeding import BatchFeed, to_jax_dtype
 from .layer_stacks import Stacks
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 from .state_io import JaxState
@@ -62,26 +58,11 @@ def _listen_once() -> None:
     jax.monitoring.register_event_duration_secs_listener(_count_duration)
 
 
-def _nonzero(count: jax.Array) -> jax.Array:
-    """An ``xb.LossSum`` count to divide by: 1 stands for 0 (a batch without items, whose total is 0)."""
-    return jnp.where(count > 0, count, 1.0)
-
-
 def enable_compilation_cache() -> None:
     """JAX's persistent compilation cache, on by default (JAX_COMPILATION_CACHE_DIR still wins)."""
     if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # (flags are declared at run time)
         jax.config.update("jax_compilation_cache_dir", str(cache_dir("jax")))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
-def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
-    if np.issubdtype(array.dtype, np.floating):
-        return array.astype(float_dtype, copy=False)
-    if array.dtype == np.int64 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-        if array.size and (array.max() > np.iinfo(np.int32).max or array.min() < np.iinfo(np.int32).min):
-            raise ValueError("int64 values do not fit in int32 (JAX runs without x64)")
-        return array.astype(np.int32)
-    return array
 
 
 class JaxExecutable(JaxState, Probes, Profiling):
@@ -105,7 +86,6 @@ class JaxExecutable(JaxState, Probes, Profiling):
         self._bad_grads: jax.Array | None = None
         self.processes = jax.process_count()    # > 1: the mesh spans several processes (--processes)
         self._compiled = False
-        self._local: tuple[BatchCheck, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -158,7 +138,8 @@ class JaxExecutable(JaxState, Probes, Profiling):
         batch_spec = P(*self.plan.batch)
         self.batch_sharding = NamedSharding(self.mesh, batch_spec)
         self.batch_spec = batch_spec
-        self.jitted = self._build()
+        self.feed = BatchFeed(program, self.mesh, batch_spec, self.batch_sharding, self.processes)
+        self.jitted = step_builders.train_step(self)
 
     def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
                               float_dtype: Any) -> list[str]:
@@ -181,7 +162,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
 
-    def _loss(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
+    def loss_of(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
         """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its
         attention calls routed to the kernel ``StepOptions(attention=...)`` forces (backends/jaxjit/attention.py)."""
         with attention.routed(self.program.step.attention):
@@ -205,203 +186,21 @@ class JaxExecutable(JaxState, Probes, Profiling):
         return jax.tree_util.tree_map_with_path(spec_for, {**state, "buffers": {}}) | {
             "buffers": {n: P() for n in state["buffers"]}}
 
-    # ------------------------------------------------------------------ the step
-
-    def _micro_grads(self, params: Any, buffers: Any, batch: Any, scale: Any, divisor: float,
-                     gather: Callable[[Any], Any],
-                     count_everywhere: Callable[[jax.Array], jax.Array]) -> tuple[Any, jax.Array, Any]:
-        """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale), the
-        mean unscaled loss of this device's batch, and the buffers after the last micro-batch's forward (each
-        micro-batch's forward sees the buffers the previous one left, as in eager).
-
-        A loss returning ``xb.LossSum`` is differentiated as its total / divisor; the summed gradient and the summed
-        total are then multiplied by ``divisor / count_everywhere(count)``: the count summed over this device's
-        micro-batches, then over every device (a device holding the same rows as another counts them again, as its
-        total does). Once the caller sums the gradients over the devices (and averages the loss over them: the
-        ``divisor``), both are the global total over the global count."""
-        accum = self.program.step.grad_accum
-
-        def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
-            loss, count, updated = self._loss(gather(p), bufs, mb)
-            scaled = loss / (accum * divisor) if count is None else loss / divisor
-            return (scaled * scale if scale is not None else scaled), (loss, count, updated)
-
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        if accum == 1:
-            (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers)
-        else:
-            micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
-            summed: list[bool] = []     # filled while the body is traced: did the loss return xb.LossSum?
-
-            def body(carry: Any, mb: Any) -> tuple[Any, None]:
-                g_acc, l_acc, c_acc, bufs = carry
-                (_, (loss, count, bufs)), g = grad_fn(params, mb, bufs)
-                summed.append(count is not None)
-                # a mean: the mean over the micro-batches; a LossSum: the totals and the counts summed
-                l_acc = l_acc + loss / accum if count is None else l_acc + loss
-                c_acc = c_acc + count if count is not None else c_acc
-                return (jax.tree.map(jnp.add, g_acc, g), l_acc, c_acc, bufs), None
-
-            init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32),
-                    buffers)
-            (grads, loss, count, updated), _ = jax.lax.scan(body, init, micro)
-            count = count if summed[-1] else None
-        if count is not None:
-            items = count_everywhere(count)
-            factor = divisor / _nonzero(items)
-            grads = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
-            loss = loss * factor
-        return grads, loss, updated
-
-    def _apply(self, state: dict[str, Any], grads: Any, loss: jax.Array, buffers: Any,
-               reduce_sum: Callable[[str, jax.Array], jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        """Unscale, clip by global norm (torch's formula), optimizer update, loss-scale bookkeeping; the buffers
-        the forward updated are kept. ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices
-        holding that parameter's shards."""
-        spec = self.program.optimizer
-        params = state["params"]
-        new = dict(state, buffers=buffers)
-        if self.scaling:
-            inv = 1.0 / state["scaler"].scale
-            grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
-            bad = jnp.sum(jnp.stack([reduce_sum(n, jnp.sum(~jnp.isfinite(g)).astype(jnp.float32))
-                                     for n, g in grads.items()]))
-            finite = bad == 0
-        # per parameter, how many gradient entries are NaN/Inf: names the culprit when the loss goes non-finite
-        # (a scanned layers' group: one count per layer; in the order of ``self.bad_grad_names``)
-        bad_grads = jnp.concatenate([reduce_sum(k, self.stacks.nonfinite_counts(k, grads[k])) for k in self.param_keys])
-        # the global L2 norm, unscaled and before clipping (what torch's clip_grad_norm_ returns)
-        norm = jnp.sqrt(sum((reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items()),
-                            jnp.zeros((), jnp.float32)))
-        clip = self.program.step.clip_grad_norm
-        if clip is not None:
-            coef = jnp.minimum(clip / (norm + 1e-6), 1.0)
-            grads = jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads)
-        lr = optimizers.learning_rate(spec, state["step"])
-        trained = {n: params[n] for n in self.trained_keys}   # as torch.optim: a parameter without gradient is skipped
-        direction, opt = self.tx.update({n: grads[n] for n in self.trained_keys}, state["opt"], trained)
-        updated = {**params, **optax.apply_updates(trained, jax.tree.map(lambda u: -lr * u, direction))}
-        if self.scaling:
-            new["params"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), updated, params)
-            new["opt"] = jax.tree.map(lambda a, b: jnp.where(finite, a, b), opt, state["opt"])
-            new["scaler"] = optimizers.scaler_update(state["scaler"], finite)
-        else:
-            new["params"], new["opt"] = updated, opt
-        new["step"] = state["step"] + 1
-        return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads, "grad_norm": norm}
-
-    def _build(self) -> Any:        # a jitted function (jax.stages.Wrapped: called, and .lower() for --dump)
-        scale_of = (lambda s: s["scaler"].scale) if self.scaling else (lambda s: None)
-        metric_specs = {"loss": P(), "lr": P(), "bad_grads": P(), "grad_norm": P()}
-        metrics = jax.tree.map(lambda s: NamedSharding(self.mesh, s), metric_specs)
-
-        def jit(fn: Callable) -> Callable:
-            # explicit layouts in and out keep the state where the plan put it, step after step
-            return jax.jit(fn, in_shardings=(self.state_shardings, self.batch_sharding),
-                           out_shardings=(self.state_shardings, metrics), donate_argnums=(0,))
-
-        if self.mode == "gspmd":
-            def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
-                self.traces += 1
-                grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
-                                                         1.0, lambda p: p, lambda c: c)
-                return self._apply(state, grads, loss, buffers, lambda name, x: x)
-
-            return jit(step)
-
-        axes = tuple(self.mesh.axis_names)
-        n_devices = math.prod(self.plan.axis_sizes.values())
-        sharded_axes = {n: tuple(spec_axes(s)) for n, s in self.specs.items()}
-
-        def gather(params: dict[str, jax.Array]) -> dict[str, jax.Array]:
-            """All-gather every sharded dimension: the torch model sees full parameters."""
-            full = {}
-            for name, value in params.items():
-                for dim, entry in enumerate(self.specs[name]):
-                    if entry is not None:
-                        value = jax.lax.all_gather(value, entry, axis=dim, tiled=True)
-                full[name] = value
-            return full
-
-        def reduce_sum(name: str, x: jax.Array) -> jax.Array:
-            return jax.lax.psum(x, sharded_axes[name]) if sharded_axes[name] else x
-
-        def per_device(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
-            self.traces += 1
-            # Each device differentiates its local mean loss / n_devices. The transpose of all_gather sums the
-            # gathered axes (psum_scatter); summing the remaining axes gives every device the global gradient.
-            grads, loss, buffers = self._micro_grads(state["params"], state["buffers"], batch, scale_of(state),
-                                                     float(n_devices), gather, lambda c: jax.lax.psum(c, axes))
-            grads = {n: (jax.lax.psum(g, rest) if (rest := tuple(a for a in axes if a not in sharded_axes[n])) else g)
-                     for n, g in grads.items()}
-            loss = jax.lax.psum(loss, axes) / n_devices
-            # each device's forward saw its own rows (as torch DDP without SyncBatchNorm): floating buffers are
-            # averaged over the devices so that every device keeps the same value; counters agree already
-            buffers = {n: (jax.lax.pmean(b, axes) if jnp.issubdtype(b.dtype, jnp.floating) else b)
-                       for n, b in buffers.items()}
-            return self._apply(state, grads, loss, buffers, reduce_sum)
-
-        batch_specs = self.batch_spec
-        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.state_specs, batch_specs),
-                               out_specs=(self.state_specs, metric_specs), check_vma=False)
-        return jit(mapped)
-
     # ------------------------------------------------------------------ the contract
 
     def local_rows(self, batch_size: int) -> np.ndarray:
         """The rows of the global batch this process's devices hold (all of them in one process)."""
-        first = NamedSharding(self.mesh, P(*self.batch_spec[:1]))
-        index = first.addressable_devices_indices_map((batch_size,))
-        rows = np.asarray(sorted({r for sl in index.values() if sl for r in range(batch_size)[sl[0]]}),
-                          dtype=np.int64)
-        if len(rows) and not np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))):
-            raise LoweringError(f"process {jax.process_index()}'s devices hold rows that are not one block of the "
-                                f"batch ({rows.tolist()[:8]}...); put the batch's mesh axis first in the mesh")
-        return rows
+        return self.feed.local_rows(batch_size)
 
     def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], dict[str, np.ndarray]]) -> Any:
-        """Several processes: each reads and checks only the rows its own devices hold (the source's ``rows``
-        when it has one) and hands them to JAX as its part of the global batch."""
+        """Several processes: each reads and checks only the rows its own devices hold (backends/jaxjit/feeding.py)."""
         if self.processes == 1:
             return super().fetch(source, step, seed, check)
-        if self._local is None:
-            rows = self.local_rows(source.batch_size)
-            self._local = (BatchCheck(source, expected_rows=len(rows), rng_rows=rng_rows(self.program, rows)), rows)
-        local_check, rows = self._local
-        local = local_check(contract.rows(source, step, seed, rows), step)
-        if isinstance(check, BatchCheck):      # the run loop reports what this process read
-            check.bytes_read[step] = local_check.bytes_read.pop(step, 0)
-        return self._global(local, source.batch_size)
-
-    def _global(self, local: dict[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
-        """This process's rows of every key, made into global arrays split as the plan says."""
-        float_dtype = jnp.dtype(self.program.precision.params)
-        out = {}
-        for key, value in local.items():
-            array = to_jax_dtype(value, float_dtype)
-            shape = (batch_size, *array.shape[1:])
-            out[key] = jax.make_array_from_process_local_data(self.batch_sharding, array, shape)
-        return out
+        return self.feed.fetch(source, step, seed, check)
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """On the devices, split as the plan says (``jax.device_put`` returns at once; the copy is asynchronous).
-        On one device, an array already in the dtype JAX computes in and in memory XLA can use as it is (64-byte
-        aligned, C order: a torch tensor's, as a collate function returns) crosses by DLPack without a copy."""
-        if self.processes > 1:        # a whole batch (eval, traces): this process's rows of it
-            size = next(iter(batch.values())).shape[0]
-            rows = self.local_rows(size)
-            return self._global({k: v[rows] for k, v in batch.items()}, size)
-        float_dtype = jnp.dtype(self.program.precision.params)
-        one_device = len(self.batch_sharding.device_set) == 1
-        out = {}
-        for key, value in batch.items():
-            array = to_jax_dtype(value, float_dtype)
-            # numpy's DLPack export knows the standard dtypes only (not ml_dtypes' bfloat16)
-            if one_device and array.dtype.kind in "biuf" and array.flags.c_contiguous and array.ctypes.data % 64 == 0:
-                out[key] = jax.device_put(jax.dlpack.from_dlpack(array), self.batch_sharding)   # no copy
-            else:
-                out[key] = jax.device_put(array, self.batch_sharding)
-        return out
+        """On the devices, split as the plan says (backends/jaxjit/feeding.py)."""
+        return self.feed.put(batch)
 
     def _placed(self, batch: Any) -> dict[str, jax.Array]:
         return self.put(batch) if on_host(batch) else batch
@@ -409,14 +208,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
     def evaluate(self, batch: Any) -> float:
         """The loss in eval mode (traced once with every module's ``training`` off), jitted on its own."""
         if self._eval is None:
-            model = self.lowered.module._model
-
-            def loss_in_eval_mode(params: Any, buffers: Any, b: Any) -> jax.Array:
-                with eval_mode(model):
-                    loss, count, _ = self._loss(params, buffers, b)
-                    return loss if count is None else loss / _nonzero(count)
-
-            self._eval = jax.jit(loss_in_eval_mode, out_shardings=self.replicated)
+            self._eval = step_builders.eval_step(self)
             first = True
         else:
             first = False
@@ -450,7 +242,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
 
         to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
         with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
-            self._loss(self.state["params"], self.state["buffers"], self.put(batch))
+            self.loss_of(self.state["params"], self.state["buffers"], self.put(batch))
         return out
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
@@ -459,7 +251,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         from .lowering import count_products
 
         with matmul_precision(self.program.precision.compute):
-            jaxpr = jax.make_jaxpr(self._loss)(self.state["params"], self.state["buffers"], self.put(batch))
+            jaxpr = jax.make_jaxpr(self.loss_of)(self.state["params"], self.state["buffers"], self.put(batch))
         return count_products(jaxpr.jaxpr)
 
     def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:

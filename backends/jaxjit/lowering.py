@@ -2,7 +2,8 @@
 
 ``torchax.interop.JittableModule.functional_call`` runs ``program.loss(model, batch)`` with the module's parameters
 replaced by the arrays we pass (torchax tensors wrapping JAX tracers), so the user's loss and model run unchanged.
-Compute precision uses torchax's autocast with torch.autocast's policy and state (autocast.py); ``xb.shard`` hints
+Compute precision uses torchax's autocast with torch.autocast's policy and state (autocast.py, installed by
+patches.py); ``xb.shard`` hints
 become ``jax.lax.with_sharding_constraint`` through a handler installed for the trace.
 """
 
@@ -26,8 +27,6 @@ from xbridge.ir.program import Program
 from xbridge.torch.train import torch_dtype
 
 from . import autocast
-
-autocast.install()
 
 
 class ModuleTracker:

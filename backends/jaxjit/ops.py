@@ -1,4 +1,5 @@
-"""Lowerings xbridge adds to torchax for torch operators it does not cover, registered before a program is traced.
+"""Lowerings xbridge adds to torchax for torch operators it does not cover, registered before a program is traced
+(by backends/jaxjit/patches.py, where every change to torchax lives).
 
 - ``aten::_grouped_mm`` (mixture-of-experts layers: transformers 5's default experts implementation calls it with
   the tokens sorted by expert and ``offs``, the cumulative end row of each expert's group):
@@ -19,7 +20,6 @@ Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forwa
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -55,26 +55,22 @@ def grouped_mm(a: jax.Array, b: jax.Array, offs: jax.Array | None = None, bias: 
     return out if out_dtype is None else out.astype(mappings.t2j_dtype(out_dtype))
 
 
-@functools.cache
-def register() -> None:
-    """Add the lowerings to torchax's registry and to its default environment (which copied the registry when it
-    was created). Once per process."""
-    import torchax
-    from torchax.ops import ops_registry
+def jax_lowerings() -> list[tuple[Any, Any]]:
+    """(torch operator, JAX function) pairs added where torchax has no lowering of its own."""
+    return [(torch.ops.aten._grouped_mm.default, grouped_mm)]
 
-    env = torchax.default_env()
-    jax_ops: list[tuple[Any, Any]] = [(torch.ops.aten._grouped_mm.default, grouped_mm)]
-    for op, impl in jax_ops:
-        if op in ops_registry.all_aten_ops:      # torchax gained its own: keep it
-            continue
-        ops_registry.register_torch_dispatch_op(op, impl, is_jax_function=True, is_user_defined=True)
-        env._ops[op] = ops_registry.all_aten_ops[op]
-    # replacements of torchax's own, in torch ops (they mutate their arguments, as the aten schema says)
+
+def torch_replacements() -> list[tuple[Any, Any]]:
+    """(aten operator packet, torch function) pairs that replace torchax's own lowerings, the packet's default
+    overload included; the functions mutate their arguments, as the aten schema says."""
     aten = torch.ops.aten
-    torch_ops: list[tuple[Any, Any]] = [(aten.native_batch_norm, batch_norm),
-                                        (aten._native_batch_norm_legit, batch_norm),
-                                        (aten._native_batch_norm_legit_no_training, batch_norm_no_training)]
-    for packet, impl in torch_ops:
-        for key in (packet, packet.default):
-            env._ops[key] = ops_registry.Operator(key, impl, is_jax_function=False, is_user_defined=True,
-                                                  needs_env=False, is_view_op=False)
+    return [(aten.native_batch_norm, batch_norm), (aten._native_batch_norm_legit, batch_norm),
+            (aten._native_batch_norm_legit_no_training, batch_norm_no_training)]
+
+
+def register() -> None:
+    """The lowerings are a patch of torchax's operator table, applied with the jax stack's other patches
+    (backends/jaxjit/patches.py) by ``JaxBackend.lower()``; this applies them all (once per process)."""
+    from . import patches
+
+    patches.apply()

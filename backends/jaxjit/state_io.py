@@ -117,7 +117,7 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
             return None
         from jax.experimental import multihost_utils
 
-        from xbridge.run.shards import Group, write_part
+        from xbridge.checkpoint.shards import Group, write_part
 
         group = Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
 

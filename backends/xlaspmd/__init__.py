@@ -24,15 +24,12 @@ _PJRT = {"cpu": "CPU", "tpu": "TPU"}
 # What a TPU VM has: the chips' device files (v4 and later: /dev/accel*, v5e and later through VFIO: /dev/vfio), or
 # TPU_NAME where a launcher names the TPU (read before torch_xla starts: importing it on a machine without one is slow)
 TPU_DEVICE_FILES = ("/dev/accel0", "/dev/vfio")
-_owned_files: list[str] = []
+_owned_files: list[str] = []    # files this process made (removed when it exits: registered with the first one)
 
 
 def _remove_owned() -> None:
     for name in _owned_files:
         Path(name).unlink(missing_ok=True)
-
-
-atexit.register(_remove_owned)
 
 
 class XlaBackend(Backend):
@@ -89,11 +86,15 @@ class XlaBackend(Backend):
                 fd, name = tempfile.mkstemp(prefix="xbridge-xla-debug-", suffix=".txt")
                 os.close(fd)
                 os.environ["PT_XLA_DEBUG_FILE"] = name
+                if not _owned_files:
+                    atexit.register(_remove_owned)
                 _owned_files.append(name)   # ours: removed when the process exits
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
+        from . import patches
         from .executable import XlaExecutable
 
+        patches.apply(program.step.scan_layers)   # torch_xla's scan made to reuse its loops (patches.py)
         return XlaExecutable(program, plan, target, options["xla_mode"])
 
 

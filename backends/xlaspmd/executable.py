@@ -1,17 +1,15 @@
 """The torch_xla executable: the shared torch train step on XLA with SPMD shardings from the plan, in one of two
-modes, and compile counts (with their causes) from torch_xla's metrics and debug analysis.
+modes, and compile counts (with their causes) from torch_xla's metrics and debug analysis (compile_log.py).
 
 - ``lazy``: the whole step traced as lazy tensors by ``torch_xla.compile`` into one graph per step.
 - ``openxla``: the loss (forward, and backward through AOTAutograd) captured by Dynamo with
-  ``torch.compile(backend="openxla")``; clipping, accumulation and the optimizer update are lazy tensors and run
-  at the end of the step.
+  ``torch.compile(backend="openxla")`` (as dynamo_capture.py prepares it); clipping, accumulation and the optimizer
+  update are lazy tensors and run at the end of the step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,22 +19,22 @@ import numpy as np
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
-import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 
-import xbridge
 from xbridge import hints
 from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
-from xbridge.errors import BackendUnavailable, ConfigError
+from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.layer_stacks import StackedParams
 from xbridge.torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 
-from . import attention, layer_scan, ops, remat
+from . import attention, compile_log, layer_scan, ops, remat
+from .compile_log import compile_count, compile_seconds, dynamo_graphs, persistent_cache_hits
+from .dynamo_capture import ShardHint, check_importable, fresh_input_loss
 
 _RUNTIME_READY = False
 
@@ -67,86 +65,6 @@ def tpu_device_kind() -> str | None:
         return None
 
 
-def compile_count() -> int:
-    data = met.metric_data("CompileTime")
-    return int(data[0]) if data else 0
-
-
-def compile_seconds() -> float:
-    """XLA compile time in this process so far (torch_xla's CompileTime metric accumulates nanoseconds)."""
-    data = met.metric_data("CompileTime")
-    return float(data[1]) / 1e9 if data else 0.0
-
-
-def persistent_cache_hits() -> int:
-    return int(met.counter_value("PersistentCacheHit") or 0)
-
-
-def dynamo_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-class _ShardHint(torch.autograd.Function):
-    """``xb.shard`` under Dynamo: torch_xla's ``xla::aot_mark_sharding`` op on the activation and on its gradient.
-    ``xs.mark_sharding_with_gradients`` cannot be captured (its ``str(mesh)`` calls numpy's ``tolist``, a graph
-    break), so the mesh and spec travel as strings fixed before tracing."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
-        ctx.mesh, ctx.spec = mesh, spec
-        return torch.ops.xla.aot_mark_sharding(x, mesh, spec)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return torch.ops.xla.aot_mark_sharding(grad, ctx.mesh, ctx.spec), None, None
-
-
-class _LossModule(torch.nn.Module):
-    """The program's loss as a module, so ``torch.func.functional_call`` can run it on substitute parameters."""
-
-    def __init__(self, model: torch.nn.Module, loss: Callable) -> None:
-        super().__init__()
-        self.model = model
-        self.loss = loss
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.loss(self.model, batch)
-
-
-def fresh_input_loss(model: torch.nn.Module, loss: Callable) -> Callable:
-    """The loss with every parameter and batch array copied inside the captured graph.
-
-    Why (measured, torch_xla 2.9 with SPMD): the Dynamo bridge matches an extracted graph's inputs to the call's
-    arguments by tensor id, but under SPMD ``_get_tensors_xla_device_data_node`` re-tags each device buffer with the
-    id of the wrapper it returns. Extracting the forward graph therefore hides the identity of every forward input
-    from the backward graph extracted next, and the backward treats those it reads (the batch, LayerNorm weights)
-    as constants frozen at their step-0 values: the first update is right, every later gradient is wrong (the MLP
-    drifted 1.9e-3 from eager at step 2 and 1.7e-1 by step 19, on 1 device too). Reading copies instead makes the
-    backward's inputs outputs of the forward graph, which the bridge matches correctly."""
-    wrapper = _LossModule(model, loss)
-
-    def loss_of_copies(_model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        params = {name: p.clone() for name, p in wrapper.named_parameters()}
-        return torch.func.functional_call(wrapper, params, ({k: v.clone() for k, v in batch.items()},))
-
-    return loss_of_copies
-
-
-def _check_importable(program: Program, model: torch.nn.Module) -> None:
-    """Dynamo imports the module of every function it traces (to guard on its globals): code run from a file with
-    ``runpy.run_path`` (module ``<run_path>``) fails deep inside Dynamo; say so in one line instead."""
-    import sys
-
-    for what, fn in (("loss", program.loss), ("model's forward", type(model).forward)):
-        module = getattr(fn, "__globals__", {}).get("__name__")
-        if module is not None and module not in sys.modules:
-            raise ConfigError(f"--xla-mode openxla: the program's {what} comes from module {module!r}, which Dynamo "
-                              "cannot import (code run with runpy.run_path?); load program files with "
-                              "xbridge.program_file.load_program or a regular import")
-
-
 class XlaExecutable(TorchTrainState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str = "lazy") -> None:
         start_runtime()
@@ -175,7 +93,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
     def _hint(self, x: torch.Tensor, spec: tuple) -> torch.Tensor:
         if self.mode == "openxla":
             hints.check_hint(x, spec, self.plan.axis_sizes)
-            return _ShardHint.apply(x, self._mesh_text, str(self._spec(spec, x.dim())))
+            return ShardHint.apply(x, self._mesh_text, str(self._spec(spec, x.dim())))
         return self._lazy_hint(x, spec)
 
     def _lazy_hint(self, x: torch.Tensor, spec: tuple) -> torch.Tensor:
@@ -199,7 +117,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         # Optimizer state is created by the first step from the (sharded) parameters and inherits their sharding.
         self.train_step = TrainStep(self.program, self.model, self.device, on_device=True, stacked=self.stacked)
         if self.mode == "openxla":
-            _check_importable(self.program, self.model)
+            check_importable(self.program, self.model)
             # Dynamo captures the loss; static shapes (each XLA graph is for one shape anyway).
             self.train_step.loss_fn = torch.compile(fresh_input_loss(self.model, self.program.loss),
                                                     backend="openxla", dynamic=False)
@@ -340,34 +258,14 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         """One line per distinct cause of the compilations after warm-up, with its count: torch_xla's own
         compilation analysis (``PT_XLA_DEBUG_LEVEL=1``, set by the backend's configure) and, in openxla mode,
         Dynamo's guard failures."""
-        lines = []
-        xla = self._xla_recompiles()
-        records = compilation_records(_debug_file(), self._warm_debug_offset)
-        for (cause, graph, where), count in Counter(records).items():
-            details = ", ".join(([f"graph {graph!r}"] if graph else []) + ([where] if where else []))
-            lines.append(f"xla compile x{count}: {cause}" + (f" ({details})" if details else ""))
-        if xla > len(records):
-            level = os.environ.get("PT_XLA_DEBUG_LEVEL", "0")
-            lines.append(f"xla compile x{xla - len(records)}: no cause recorded by torch_xla (PT_XLA_DEBUG_LEVEL="
-                         f"{level}, PT_XLA_DEBUG_FILE={os.environ.get('PT_XLA_DEBUG_FILE', 'unset')})")
+        lines = compile_log.xla_reasons(self._xla_recompiles(), self._warm_debug_offset)
         if self.mode == "openxla":
-            failures = Counter(self._guard_failures())
+            failures = Counter(compile_log.guard_failures_since(self._warm_guard_failures))
             lines += [f"dynamo recompile x{count}: {reason}" for reason, count in failures.items()]
         return lines
 
     def _xla_recompiles(self) -> int:
         return compile_count() - self.warm_compiles - self._export_compiles
-
-    def _guard_failures(self) -> list[str]:
-        from torch._dynamo.utils import guard_failures
-
-        out = []
-        for code, reasons in guard_failures.items():
-            name = "the loss" if code.co_name == "loss_of_copies" else code.co_name
-            for reason in reasons[self._warm_guard_failures.get(code, 0):]:
-                # "0/1: tensor 'batch['x']' size mismatch ..." -> without the compile id
-                out.append(f"{name}: {re.sub(r'^[0-9/]+: ', '', str(reason)).strip()}")
-        return out
 
     def compile_cache(self) -> CompileCache | None:
         """On TPU the persistent cache is on: a compile that loads from it is a hit. On CPU it is off (see
@@ -382,89 +280,14 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
     def mark_warm(self) -> None:
         self.warm_compiles = compile_count()
         self._export_compiles = 0
-        debug = _debug_file()
-        self._warm_debug_offset = debug.stat().st_size if debug is not None and debug.exists() else 0
+        self._warm_debug_offset = compile_log.debug_offset()
         if self.mode == "openxla":
-            from torch._dynamo.utils import guard_failures
-
             self.warm_graphs = dynamo_graphs()
-            self._warm_guard_failures = {code: len(reasons) for code, reasons in guard_failures.items()}
+            self._warm_guard_failures = compile_log.guard_failure_counts()
 
     def dump(self, directory: Path) -> list[Path]:
         # XLA writes every module it compiled there (XLA_FLAGS=--xla_dump_to, set by the backend's configure).
         return sorted(p for p in directory.glob("*.txt") if "module_" in p.name)
-
-
-def _debug_file() -> Path | None:
-    name = os.environ.get("PT_XLA_DEBUG_FILE")
-    return Path(name) if name else None
-
-
-_PREFIX = "Compilation Analysis: "
-_OWN_CODE = tuple(str(p.resolve()) for p in (Path(xbridge.__file__).parent, Path(__file__).parents[1]))
-
-
-def _outside_libraries(frame: str) -> bool:
-    """A frame line ``fn (/path/file.py:12)`` of code outside torch, torch_xla, the standard library and xbridge."""
-    match = re.search(r"\((.*):\d+\)$", frame)
-    if not match:
-        return False
-    path = match.group(1)
-    if path.startswith("<"):
-        return False
-    library = ("/site-packages/torch/", "/site-packages/torch_xla/", "/site-packages/functorch/")
-    if any(part in path for part in library) or ("/lib/python3" in path and "/site-packages/" not in path):
-        return False
-    return not str(Path(path).resolve()).startswith(_OWN_CODE)
-
-
-def compilation_records(path: Path | None, offset: int) -> list[tuple[str, str, str]]:
-    """torch_xla's compilation analysis records written after ``offset`` into ``path``: per compilation its cause,
-    graph name and where: the first Python frame outside the libraries (the user's line that forced it), else the
-    function of torch_xla's Dynamo bridge that did, else nothing.
-
-    A record, as torch_xla 2.9 writes it (lines prefixed ``Compilation Analysis: ``)::
-
-        Compilation Cause
-          most likely user code trying to access tensor value before torch_xla.sync
-        Graph Info:
-          Graph Name: xbridge-mlp
-          ...
-        Python Frame Triggered Execution:
-          loss (/path/prog.py:12)
-          ...
-        ----------
-    """
-    if path is None or not path.exists():
-        return []
-    with path.open("r", errors="replace") as f:
-        f.seek(offset)
-        lines = [line[len(_PREFIX):].rstrip() for line in f if line.startswith(_PREFIX)]
-    records: list[tuple[str, str, str]] = []
-    cause: str | None = None
-    graph = where = bridge = ""
-    state = ""
-    for line in lines:
-        body = line.strip()
-        if body == "Compilation Cause":
-            cause, graph, where, bridge, state = "", "", "", "", "cause"
-        elif cause is None:
-            continue
-        elif state == "cause":
-            cause, state = body, ""
-        elif body.startswith("Graph Name:"):
-            graph = body.split(":", 1)[1].strip()
-        elif body.startswith("Python Frame Triggered Execution"):
-            state = "frames"
-        elif state == "frames" and body and not body.startswith(("---", "===")):
-            if not where and _outside_libraries(body):
-                where = "at " + body
-            elif not bridge and "/torch_xla/_dynamo/" in body:
-                bridge = "in torch_xla's Dynamo bridge (" + body.split(" (")[0] + ")"
-        elif body.startswith("---"):
-            records.append((cause, graph or "", where or bridge or ""))
-            cause, state = None, ""
-    return records
 
 
 @contextlib.contextmanager

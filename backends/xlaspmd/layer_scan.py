@@ -72,8 +72,7 @@ class _XlaScan(LayerScan):
                  partition: Callable[..., Any]) -> None:
         super().__init__(path, layers)
         self.target, self.partition = target, partition
-        self._bodies: dict[Any, Callable[..., Any]] = {}
-        layer_scan_loops.install()
+        self._bodies: dict[Any, Callable[..., Any]] = {}     # their loops reused by the caching scan (patches.py)
 
     def scan(self, hidden: torch.Tensor, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         from torch_xla.experimental.scan import scan

@@ -6,16 +6,17 @@ the ``While`` loop around it, for the forward scan and again for the backward on
 (XLA:CPU, 2 cores): 14 ms each, about 30 ms of host work per step that the unrolled step does not have, which is why
 the scanned step cost more than the unrolled one at shallow depths.
 
-:func:`install` puts a caching ``_scan_impl_pytree`` in place in torch_xla's scan module (the autograd function
-``Scan`` looks it up there at every call). For the loops of registered functions (:func:`remember`: the forward and
-backward of xbridge's scan bodies, which are refused when they draw random numbers, so the loop holds no per-call seed)
-it keeps what torch_xla built the first time — the loop computation, the constants the body's trace made parameters
-of it, and the output structure — and afterwards calls the same computation on the new carry and inputs
-(``_xla_user_computation``, as torch_xla does itself). The key is everything the lowering depends on: the function,
-the direction, the inputs' structure, shapes, dtypes and shardings, and autocast. torch_xla's SPMD backward shards
-each layer's gradient like that layer's input inside the loop body, which would make the forward's inputs
-parameters of the loop; here that constraint is put on the loop's results instead (:func:`_shard_like`). Any other
-scan (a user's own) goes to torch_xla's function unchanged."""
+:func:`scan_impl_pytree` is a caching ``_scan_impl_pytree``, which backends/xlaspmd/patches.py puts in place in
+torch_xla's scan module (the autograd function ``Scan`` looks it up there at every call). For the loops of registered
+functions (:func:`remember`: the forward and backward of xbridge's scan bodies, which are refused when they draw random
+numbers, so the loop holds no per-call seed) it keeps what torch_xla built the first time — the loop computation, the
+constants the body's trace made parameters of it, and the output structure — and afterwards calls the same computation
+on the new carry and inputs (``_xla_user_computation``, as torch_xla does itself; patches.py records the computation
+torch_xla builds). The key is everything the lowering depends on: the function, the direction, the inputs' structure,
+shapes, dtypes and shardings, and autocast. torch_xla's SPMD backward shards each layer's gradient like that layer's
+input inside the loop body, which would make the forward's inputs parameters of the loop; here that constraint is put
+on the loop's results instead (:func:`_shard_like`). Any other scan (a user's own) goes to torch_xla's function
+unchanged."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from typing import Any
 
 import torch
 
-_ORIGINAL: list[Callable[..., Any]] = []
+from . import patches
+
 _LOOPS: weakref.WeakKeyDictionary[Any, dict[Any, _Loop]] = weakref.WeakKeyDictionary()
 _BODIES: weakref.WeakSet[Any] = weakref.WeakSet()
 _HITS = [0]
@@ -40,15 +42,6 @@ class _Loop:
     hoisted: list[torch.Tensor]             # constants of the traced body, parameters of the loop
     carries: int
     unflatten_y: Callable[[list[torch.Tensor]], Any]
-
-
-def install() -> None:
-    """Put the caching ``_scan_impl_pytree`` in torch_xla's scan module (once per process)."""
-    import torch_xla.experimental.scan as module
-
-    if not _ORIGINAL:
-        _ORIGINAL.append(module._scan_impl_pytree)
-        module._scan_impl_pytree = _scan_impl_pytree
 
 
 def remember(body: Callable[..., Any]) -> None:
@@ -118,11 +111,12 @@ def _key(trees: tuple[Any, ...], reverse: bool) -> Any:
             torch.get_autocast_dtype("xla"))
 
 
-def _scan_impl_pytree(fn: Any, init: Any, xs: Any, reverse: bool = False) -> Any:
+def scan_impl_pytree(fn: Any, init: Any, xs: Any, reverse: bool = False) -> Any:
+    """torch_xla's ``_scan_impl_pytree`` with the loops of remembered bodies reused."""
     inner, sharded_like = _unwrap(fn)
     loops = _loops(inner)
     if loops is None:
-        return _ORIGINAL[0](fn, init, xs, reverse=reverse)
+        return patches.torch_xla_scan(fn, init, xs, reverse=reverse)
     carry, ys = _run(inner, loops, init, xs, reverse)
     return (carry, ys) if sharded_like is None else _shard_like(sharded_like, carry, ys)
 
@@ -157,22 +151,11 @@ def _run(fn: Any, loops: dict[Any, _Loop], init: Any, xs: Any, reverse: bool) ->
 
 def _first(fn: Any, init: Any, xs: Any, reverse: bool, carries: int, inputs: int) -> tuple[_Loop | None, Any]:
     """torch_xla's own lowering, with the loop it builds recorded."""
-    import torch_xla
     from torch_xla.experimental.scan import tree_flatten_none
 
     built: list[tuple[list[torch.Tensor], Any]] = []
-    original = torch_xla._XLAC._xla_user_computation
-
-    def record(name: str, params: Any, computation: Any) -> Any:
-        if name == "xla::scan":
-            built.append((list(params), computation))
-        return original(name, params, computation)
-
-    torch_xla._XLAC._xla_user_computation = record
-    try:
-        carry, ys = _ORIGINAL[0](fn, init, xs, reverse=reverse)
-    finally:
-        torch_xla._XLAC._xla_user_computation = original
+    with patches.recording_scans(built):
+        carry, ys = patches.torch_xla_scan(fn, init, xs, reverse=reverse)
     flat_ys, unflatten_y = tree_flatten_none(ys)
     if not built:
         return None, (carry, ys)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -35,8 +34,8 @@ def progress_bar(enabled: bool, total: int, label: str, tokens_per_step: int = 0
 
 
 @contextlib.contextmanager
-def target_progress(enabled: bool, label: str) -> Iterator[Callable[[str, dict[str, Any]], None] | None]:
-    """A spinner on stderr (when it is a terminal) naming the target that just finished."""
+def target_progress(enabled: bool, label: str) -> Iterator[Callable[[str, str], None] | None]:
+    """A spinner on stderr (when it is a terminal) naming the target that just finished, and its status."""
     if not enabled or not sys.stderr.isatty():
         yield None
         return
@@ -44,7 +43,7 @@ def target_progress(enabled: bool, label: str) -> Iterator[Callable[[str, dict[s
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=None, last="")
 
-        def tick(target: str, row: dict[str, Any]) -> None:
-            bar.update(task, last=f"{target}: {row['status']}")
+        def tick(target: str, status: str) -> None:
+            bar.update(task, last=f"{target}: {status}")
 
         yield tick

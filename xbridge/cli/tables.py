@@ -9,10 +9,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..compare.record import CompareRecord
+from ..parity.record import ParityRecord
 from ..run.record import RunRecord
 
 console = Console(width=None if sys.stdout.isatty() else 160)
-
 
 
 def _over(processes: int) -> str:
@@ -122,94 +123,94 @@ def print_inspect(info: dict[str, Any]) -> None:
     console.print(table)
 
 
-def print_compare(record: dict[str, Any]) -> None:
-    table = Table(title=f"{escape(record['program'])}: {record['precision']}, {record['options']['steps']} steps "
-                        f"({record['options']['warmup']} warm-up), {record['flops_per_step'] / 1e9:.2f} GFLOP/step, "
-                        f"config {record['config_hash']}")
+def print_compare(record: CompareRecord) -> None:
+    table = Table(title=f"{escape(record.program)}: {record.precision}, {record.options.steps} steps "
+                        f"({record.options.warmup} warm-up), {record.flops_per_step / 1e9:.2f} GFLOP/step, "
+                        f"config {record.config_hash}")
     columns: tuple[str, ...] = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s",
                                 "TFLOP/s", "MFU", "peak RSS", "recompiles", "attention", "final loss", "max loss dev")
-    evaluates = any(row.get("metrics", {}).get("eval_loss") is not None for row in record["targets"])
+    evaluates = any(row.metrics is not None and row.metrics.eval_loss is not None for row in record.targets)
     if evaluates:
         columns = (*columns, "eval loss")
     for col in columns:   # a target variant (xla-cpu:xla-mode=openxla) wraps rather than being cut short
         table.add_column(col, justify="left" if col in ("target", "status") else "right",
                          overflow="fold" if col == "target" else "ellipsis")
-    for row in record["targets"]:
-        if row["status"] != "ok":
-            first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""
-            table.add_row(row["target"], f"[red]{row['status']}[/]", escape(first), *[""] * (len(columns) - 3))
+    for row in record.targets:
+        if row.status != "ok":
+            table.add_row(row.target, f"[red]{row.status}[/]", escape(row.error_line), *[""] * (len(columns) - 3))
             continue
-        m = row["metrics"]
-        dev = m.get("max_loss_dev")
-        dev_text = "-" if dev is None else (f"{dev:.1e}" + ("" if m.get("loss_parity") else " [red]FAIL[/]"))
-        cache = f" ({m['compile_cache']})" if m.get("compile_cache") else ""
-        table.add_row(row["target"], "[green]ok[/]", f"{m['compile_s']:.2f}{cache}",
-                      f"{m['step_ms_median']:.1f} ({m['step_ms_p10']:.1f}-{m['step_ms_p90']:.1f})",
-                      f"{m['samples_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", f"{m['achieved_tflops']:.3f}",
-                      f"{100 * m['mfu']:.1f}%", _bytes(m["peak_host_rss_mib"] * 2 ** 20), str(m["recompiles"]),
-                      escape(m.get("attention") or "unknown"), f"{m['final_loss']:.4f}", dev_text,
-                      *([f"{m['eval_loss']:.4f}" if m.get("eval_loss") is not None else "-"] if evaluates else []))
+        m = row.finished
+        dev = m.max_loss_dev
+        dev_text = "-" if dev is None else (f"{dev:.1e}" + ("" if m.loss_parity else " [red]FAIL[/]"))
+        cache = f" ({m.compile_cache})" if m.compile_cache else ""
+        table.add_row(row.target, "[green]ok[/]", f"{m.compile_s:.2f}{cache}",
+                      f"{m.step_ms_median:.1f} ({m.step_ms_p10:.1f}-{m.step_ms_p90:.1f})",
+                      f"{m.samples_per_s:.1f}", f"{m.tokens_per_s:.0f}", f"{m.achieved_tflops:.3f}",
+                      f"{100 * m.mfu:.1f}%", _bytes(m.peak_host_rss_mib * 2 ** 20), str(m.recompiles),
+                      escape(m.attention or "unknown"), f"{m.final_loss:.4f}", dev_text,
+                      *([f"{m.eval_loss:.4f}" if m.eval_loss is not None else "-"] if evaluates else []))
     console.print(table)
-    for row in record["targets"]:       # in full: a table cell cuts a long error short
-        if row["status"] != "ok":
-            first = (row.get("error") or "").splitlines()[0] if row.get("error") else ""
-            console.print(f"[red]{escape(row['target'])}: {row['status']}[/]: {escape(first)}")
-    peaks = {row["metrics"]["peak_source"] for row in record["targets"] if row["status"] == "ok"}
+    for row in record.targets:       # in full: a table cell cuts a long error short
+        if row.status != "ok":
+            console.print(f"[red]{escape(row.target)}: {row.status}[/]: {escape(row.error_line)}")
+    peaks = {row.finished.peak_source for row in record.targets if row.status == "ok"}
     for source in sorted(peaks):
         console.print(f"peak: {escape(source)}")
-    for path in record.get("written", []):
+    for path in record.written or []:
         console.print(f"wrote {escape(path)}")
 
 
-def print_parity(record: dict[str, Any]) -> None:
-    tol = record["tolerance"]
-    table = Table(title=f"parity of {escape(record['program'])} ({record['precision']}, {record['steps']} steps, "
-                        f"{record['devices']} device(s){_over(record.get('processes', 1))}) against "
-                        f"{record['reference']['target']}; limits: "
-                        f"loss {tol['loss_rtol']:g}, params {tol['param_rtol']:g}")
+def print_parity(record: ParityRecord) -> None:
+    tol = record.tolerance
+    table = Table(title=f"parity of {escape(record.program)} ({record.precision}, {record.steps} steps, "
+                        f"{record.devices} device(s){_over(record.processes)}) against "
+                        f"{record.reference.target}; limits: "
+                        f"loss {tol.loss_rtol:g}, params {tol.param_rtol:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
-    evals = any("max_eval_loss_dev" in r for r in record["targets"])
+    checks = [r.check for r in record.targets if r.check is not None]
+    evals = any(c.max_eval_loss_dev is not None for c in checks)
     if evals:
         columns.append("max eval loss dev")
-    bisect = any("first_divergent_module" in r for r in record["targets"])
-    fp32 = any("fp32_max_loss_dev" in r for r in record["targets"])
+    bisect = any(c.bisected for c in checks)
+    fp32 = any(c.fp32_max_loss_dev is not None for c in checks)
     if fp32:
         columns.append("vs fp32 loss dev")
     if bisect:
         columns.append("first divergent module")
-    census = any("matmul_dtypes" in r for r in record["targets"])
+    census = any(c.census for c in checks)
     if census:
         columns.append("matmul dtypes (forward)")
     for col in columns:
         table.add_column(col)
-    for r in record["targets"]:
-        if r["verdict"] == "error":
-            table.add_row(r["target"], "[red]error[/]", escape(r["error"].splitlines()[0]), *[""] * (len(columns) - 3))
+    for r in record.targets:
+        c = r.check
+        if c is None:
+            table.add_row(r.target, "[red]error[/]", escape(r.error_line), *[""] * (len(columns) - 3))
             continue
-        cells = [r["target"], "[green]pass[/]" if r["verdict"] == "pass" else "[red]FAIL[/]",
-                 f"{r['max_loss_dev']:.2e} ({r['max_loss_dev_at']})"
-                 + (f", limit {r['loss_limit']:.2g}" if r["loss_limit"] > tol["loss_rtol"] else ""),
-                 "-" if r["first_failing_step"] is None else str(r["first_failing_step"]),
-                 f"{r['max_param_dev']:.2e} ({escape(r['max_param_dev_at'])})"
-                 + (f", limit {r['param_limit']:.2g}" if r["param_limit"] > tol["param_rtol"] else "")]
+        cells = [r.target, "[green]pass[/]" if r.verdict == "pass" else "[red]FAIL[/]",
+                 f"{c.max_loss_dev:.2e} ({c.max_loss_dev_at})"
+                 + (f", limit {c.loss_limit:.2g}" if c.loss_limit > tol.loss_rtol else ""),
+                 "-" if c.first_failing_step is None else str(c.first_failing_step),
+                 f"{c.max_param_dev:.2e} ({escape(c.max_param_dev_at)})"
+                 + (f", limit {c.param_limit:.2g}" if c.param_limit > tol.param_rtol else "")]
         if evals:
-            cells.append(f"{r['max_eval_loss_dev']:.2e} ({r['max_eval_loss_dev_at']})" if "max_eval_loss_dev" in r
+            cells.append(f"{c.max_eval_loss_dev:.2e} ({c.max_eval_loss_dev_at})" if c.max_eval_loss_dev is not None
                          else "-")
         if fp32:
-            cells.append(f"{r.get('fp32_max_loss_dev', float('nan')):.2e}")
+            cells.append(f"{c.fp32_max_loss_dev if c.fp32_max_loss_dev is not None else float('nan'):.2e}")
         if bisect:
-            found = r.get("first_divergent_module")
-            cells.append("none" if found is None else f"{escape(found['module'])} ({found['deviation']:.2e})")
+            found = c.first_divergent_module
+            cells.append("none" if found is None else f"{escape(found.module)} ({found.deviation:.2e})")
         if census:
-            counts = r.get("matmul_dtypes")
+            counts = c.matmul_dtypes
             text = "-" if counts is None else ", ".join(f"{n} {d}" for d, n in counts.items())
-            cells.append(text + (f" [red]{escape(r['matmul_dtypes_mismatch'])}[/]" if r.get("matmul_dtypes_mismatch")
+            cells.append(text + (f" [red]{escape(c.matmul_dtypes_mismatch)}[/]" if c.matmul_dtypes_mismatch
                                  else ""))
         table.add_row(*cells)
     console.print(table)
-    for r in record["targets"]:
-        if r.get("cause"):
-            console.print(f"{escape(r['target'])}: [red]FAIL[/] because {escape(r['cause'])}")
+    for r in record.targets:
+        if r.cause:
+            console.print(f"{escape(r.target)}: [red]FAIL[/] because {escape(r.cause)}")
 
 
 def print_caches(record: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.contract import checked_batch
+from ..data.source import checked_batch
 from ..ir.loss import LossSum
 from ..ir.program import Program
 from ..weights import meta_model

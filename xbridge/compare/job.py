@@ -7,76 +7,18 @@ import csv
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError
 from ..ir.program import Program
 from ..parity import policy
-from ..run.isolated import REFERENCE, ChildOptions, TargetRun, resolve_reference, resolve_targets, run_target
+from ..run.isolated import REFERENCE, TargetRun, resolve_reference, resolve_targets, run_target
+from .options import CompareOptions
 from .peaks import Peak
+from .record import CompareRecord, CompareRow, TargetMetrics
 
-
-@dataclass
-class CompareOptions:
-    targets: list[str] | None = None     # None: every target available here
-    steps: int = 20
-    warmup: int = 3
-    devices: int = 1
-    precision: str | None = None
-    mesh: str | None = None
-    timeout_s: float = 900.0
-    reference: str = REFERENCE   # the eager target the loss parity column is taken against (eager-cuda on a GPU)
-    rng: str | None = None       # --rng: native or portable (None: the program's own)
-    remat: str | None = None     # --remat: none, full or dots (None: the program's own)
-    attention: str | None = None  # --attention: the attention kernel forced (None: the program's own)
-    tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
-    profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
-    processes: int = 1                # --processes: jax targets as this many processes of ``devices`` each
-
-    def __post_init__(self) -> None:
-        if self.processes < 1:
-            raise ConfigError(f"--processes must be >= 1, got {self.processes}")
-        if self.steps < 2 or not 0 < self.warmup < self.steps:
-            raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and "
-                              f"{self.warmup}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-
-    def child(self) -> ChildOptions:
-        return ChildOptions(self.steps, self.warmup, self.devices, self.precision, self.mesh, self.timeout_s,
-                            rng=self.rng, remat=self.remat, attention=self.attention, tensorboard=self.tensorboard,
-                            extra=["--profile", self.profile] if self.profile else [], processes=self.processes)
-
-
-@dataclass
-class TargetMetrics:
-    """A finished target's row of the comparison."""
-
-    compile_s: float
-    compile_cache: str | None      # warm, cold, partial, unused (CompileCache.state); None: nothing compiled
-    step_ms_median: float
-    step_ms_p10: float
-    step_ms_p90: float
-    samples_per_s: float
-    tokens_per_s: float
-    achieved_tflops: float
-    peak_tflops: float
-    mfu: float
-    peak_source: str
-    peak_host_rss_mib: float
-    device_peak_mib: float | None
-    recompiles: int | None
-    final_loss: float
-    max_loss_dev: float | None = None      # against the reference, when it finished
-    max_loss_dev_at: str | None = None     # e.g. "step 3"
-    loss_parity: bool | None = None
-    final_loss_dev: float | None = None
-    eval_loss: float | None = None         # the last xb.Eval loss, when the program evaluates
-    attention: str | None = None           # the attention kernel(s) that ran, e.g. "flash (CPU) x4"; "-" for none
-    steps_host_rss_mib: float | None = None    # what the steps added to the peak host RSS (the run's own memory)
+__all__ = ["CSV_FIELDS", "CompareOptions", "TargetMetrics", "attention_text", "compare", "metrics_of", "write_outputs"]
 
 
 def attention_text(kernels: dict[str, int] | None) -> str | None:
@@ -138,20 +80,19 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int,
 CSV_FIELDS = ["target", "status", "devices", *(f.name for f in dataclasses.fields(TargetMetrics)), "error"]
 
 
-def write_outputs(out: Path, record: dict[str, Any]) -> list[Path]:
+def write_outputs(out: Path, record: CompareRecord) -> list[Path]:
     from ..files import write_atomic, write_json
     from .plots import draw
     from .report import render
 
-    paths = [write_json(out / "results.json", record)]
+    paths = [write_json(out / "results.json", record.to_json())]
 
     def write_csv(handle: Any) -> None:
         writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        for row in record["targets"]:
-            writer.writerow({"target": row["target"], "status": row["status"], "devices": row["devices"],
-                             "error": (row.get("error") or "").splitlines()[0] if row.get("error") else "",
-                             **row.get("metrics", {})})
+        for row in record.targets:
+            writer.writerow({"target": row.target, "status": row.status, "devices": row.devices,
+                             "error": row.error_line, **(row.metrics.to_json() if row.metrics else {})})
 
     paths.append(write_atomic(out / "results.csv", write_csv))
     paths += draw(out, record)
@@ -160,11 +101,12 @@ def write_outputs(out: Path, record: dict[str, Any]) -> list[Path]:
 
 
 def compare(program_ref: str, program: Program, options: CompareOptions, out: Path,
-            progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[str, str], None] | None = None) -> CompareRecord:
     """Run every target, one at a time (concurrent targets would share the cores and spoil the timings), and
-    return the comparison record (``results.json``): one row per target, its run record and derived metrics."""
-    from ..run.loop import machine
+    return the comparison record (``results.json``): one row per target, its run record and derived metrics.
+    ``progress(target, status)`` is called as each target ends."""
     from ..run.provenance import provenance
+    from ..run.summary import machine
     from .flops import flops_per_step
 
     reference = resolve_reference(options.reference)
@@ -175,24 +117,19 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         run = run_target(program_ref, target, options.child(), out / "runs")
         runs.append(run)
         if progress is not None:
-            progress(target, run.to_json())
+            progress(target, run.status)
     flops = flops_per_step(program)
     metrics = metrics_of(program, runs, flops, reference)
     rows = []
     for run in runs:
-        row = run.to_json()
-        if run.target in metrics:
-            row["metrics"] = dataclasses.asdict(metrics[run.target])
-            row["losses"] = run.result.losses if run.result else []
-        rows.append(row)
-    record = {
-        "xbridge": __version__, "program": program.name, "program_file": program_ref, "config": program.config(),
-        "config_hash": program.config_hash, "precision": program.precision.name, "machine": machine(),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()},
-        "flops_per_step": flops, "reference": reference,
-        "loss_limit": policy.tolerance(program.precision).loss_rtol, "provenance": provenance(program),
-        "targets": rows,
-    }
-    record["written"] = [str(p) for p in write_outputs(out, record)]
+        found = metrics.get(run.target)
+        losses = run.result.losses if found is not None and run.result is not None else None
+        rows.append(CompareRow(run.target, run.devices, run.command, run.status, run.error, run.result, found, losses))
+    record = CompareRecord(
+        xbridge=__version__, program=program.name, program_file=program_ref, config=program.config(),
+        config_hash=program.config_hash, precision=program.precision.name, machine=machine(),
+        measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), options=options, flops_per_step=flops,
+        reference=reference, loss_limit=policy.tolerance(program.precision).loss_rtol,
+        provenance=provenance(program), targets=rows)
+    record.written = [str(p) for p in write_outputs(out, record)]
     return record

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .record import CompareRecord
+
 __all__ = ["render"]
 
 
@@ -13,23 +15,23 @@ def _num(value: Any, spec: str, unit: str = "") -> str:
     return "-" if value is None or value != value else f"{value:{spec}}{unit}"     # None and NaN: "-"
 
 
-def render(record: dict[str, Any]) -> str:
-    options = record["options"]
-    machine = record["machine"]
-    provenance = record.get("provenance") or {}
+def render(record: CompareRecord) -> str:
+    options = record.options
+    machine = record.machine
+    provenance = record.provenance or {}
     git = provenance.get("git")
-    mesh, rng = options.get("mesh") or "as programmed", options.get("rng") or "as programmed"
-    limit = record.get("loss_limit", float("nan"))
+    mesh, rng = options.mesh or "as programmed", options.rng or "as programmed"
+    limit = record.loss_limit
     lines = [
-        f"# xbridge compare: {record['program']}",
+        f"# xbridge compare: {record.program}",
         "",
-        f"- program: `{record['program_file']}`, config hash `{record['config_hash']}`, precision "
-        f"{record['precision']}, {options['devices']} device(s), mesh {mesh}, "
-        f"{options['steps']} steps ({options['warmup']} warm-up, not timed), rng {rng}",
-        f"- reference (loss deviation): {record['reference']}, parity limit {limit:.0e}",
+        f"- program: `{record.program_file}`, config hash `{record.config_hash}`, precision "
+        f"{record.precision}, {options.devices} device(s), mesh {mesh}, "
+        f"{options.steps} steps ({options.warmup} warm-up, not timed), rng {rng}",
+        f"- reference (loss deviation): {record.reference}, parity limit {limit:.0e}",
         f"- machine: {machine.get('cpu') or machine.get('machine')}, {machine.get('cpu_count')} CPU cores, "
-        f"{machine.get('platform')}, Python {machine.get('python')}; measured {record.get('measured_at', '-')}",
-        f"- xbridge {record['xbridge']}; FLOPs per step {record['flops_per_step']:.4g} (counted on the meta device)",
+        f"{machine.get('platform')}, Python {machine.get('python')}; measured {record.measured_at}",
+        f"- xbridge {record.xbridge}; FLOPs per step {record.flops_per_step:.4g} (counted on the meta device)",
     ]
     if git:
         lines.append(f"- program's repository: `{git['root']}` at commit `{git['commit'][:12]}`"
@@ -41,25 +43,25 @@ def render(record: dict[str, Any]) -> str:
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     peaks: dict[str, str] = {}
     failures = []
-    for row in record["targets"]:
-        m = row.get("metrics")
+    for row in record.targets:
+        m = row.metrics
         if m is None:
-            lines.append(f"| {row['target']} | {row['status']} | - | - | - | - | - | - | - | - | - | - |")
-            failures.append((row["target"], (row.get("error") or "").splitlines()[0] if row.get("error") else ""))
+            lines.append(f"| {row.target} | {row.status} | - | - | - | - | - | - | - | - | - | - |")
+            failures.append((row.target, row.error_line))
             continue
-        peaks[row["target"]] = f"{m['peak_tflops']:.3g} TFLOP/s: {m['peak_source']}"
-        dev = "-" if m["max_loss_dev"] is None else f"{m['max_loss_dev']:.2e} ({m['max_loss_dev_at']})"
+        peaks[row.target] = f"{m.peak_tflops:.3g} TFLOP/s: {m.peak_source}"
+        dev = "-" if m.max_loss_dev is None else f"{m.max_loss_dev:.2e} ({m.max_loss_dev_at})"
         lines.append(
-            f"| {row['target']} | {row['status']} | {_num(m['compile_s'], '.1f')} ({m['compile_cache'] or '-'}) | "
-            f"{_num(m['step_ms_median'], '.2f')} ({_num(m['step_ms_p10'], '.2f')}-{_num(m['step_ms_p90'], '.2f')}) | "
-            f"{_num(m['tokens_per_s'], ',.0f')} | {_num(m['achieved_tflops'], '.3g')} | "
-            f"{_num(100 * m['mfu'], '.1f', '%')} | {_num(m['peak_host_rss_mib'], '.0f')} | "
-            f"{_num(m['device_peak_mib'], '.0f')} | {_num(m['recompiles'], 'd')} | {m.get('attention') or 'unknown'} | "
+            f"| {row.target} | {row.status} | {_num(m.compile_s, '.1f')} ({m.compile_cache or '-'}) | "
+            f"{_num(m.step_ms_median, '.2f')} ({_num(m.step_ms_p10, '.2f')}-{_num(m.step_ms_p90, '.2f')}) | "
+            f"{_num(m.tokens_per_s, ',.0f')} | {_num(m.achieved_tflops, '.3g')} | "
+            f"{_num(100 * m.mfu, '.1f', '%')} | {_num(m.peak_host_rss_mib, '.0f')} | "
+            f"{_num(m.device_peak_mib, '.0f')} | {_num(m.recompiles, 'd')} | {m.attention or 'unknown'} | "
             f"{dev} |")
     lines += ["", "MFU = achieved FLOP/s (FLOPs per step / median step time) over the peak of the devices used:"]
     lines += [f"- {target}: {source}" for target, source in peaks.items()]
-    profiled = [(row["target"], row["result"]["profile"]) for row in record["targets"]
-                if (row.get("result") or {}).get("profile")]
+    profiled = [(row.target, row.result.profile) for row in record.targets
+                if row.result is not None and row.result.profile]
     for target, profile in profiled:
         lines += ["", f"Profile of {target} ({profile['steps']}): the operations that took the most time "
                       f"(trace: `{profile['traces'][0] if profile['traces'] else '-'}`)", "",
@@ -69,8 +71,8 @@ def render(record: dict[str, Any]) -> str:
         lines += ["", "Failed targets:"]
         lines += [f"- {target}: {error}" for target, error in failures]
     versions: dict[str, str] = {}
-    for row in record["targets"]:
-        versions.update((row.get("result") or {}).get("versions", {}))
+    for row in record.targets:
+        versions.update(row.result.versions if row.result is not None else {})
     if versions:
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))]
     lines += ["", "Plots: `loss_deviation.png` (each target's |loss - reference| / |reference| per step, log scale, "

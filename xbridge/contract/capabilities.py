@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import LoweringError
 
 if TYPE_CHECKING:
-    from ..run.shards import Group
+    from ..checkpoint.shards import Group
     from .executable import CompileCache, Executable
 
 
@@ -112,7 +112,7 @@ class Probes(ABC):
 @dataclass
 class PieceWriter:
     """How one checkpoint is written in pieces. ``write(folder)`` writes the pieces this process is responsible for
-    into ``folder`` (xbridge.run.shards.write_part for each process it writes for) and returns their parts, in
+    into ``folder`` (xbridge.checkpoint.shards.write_part for each process it writes for) and returns their parts, in
     process order. With a ``group``, every process of the group calls it, each into a folder of its own, and
     process 0 commits them all; without one, this process writes every process's part (it drives the others)."""
 
@@ -125,7 +125,7 @@ class ShardedCheckpoint:
     read back slice by slice (docs/checkpoints.md)."""
 
     #: True: :meth:`Executable.init` and :meth:`Executable.load_training_state` take a checkpoint's tensors as
-    #: ``xbridge.run.shards.Stored`` (``shape``, ``dtype`` and ``[slices]`` reading only those), so each process
+    #: ``xbridge.checkpoint.shards.Stored`` (``shape``, ``dtype`` and ``[slices]`` reading only those), so each process
     #: reads only what its devices hold; False: as numpy arrays.
     reads_slices: bool = True
 

@@ -77,7 +77,7 @@ class Executable(ABC):
     def training_state(self) -> dict[str, np.ndarray]:
         """Everything but the weights that the next step depends on, full numpy arrays under backend-neutral
         names (``optim/<param>/<torch.optim key>``, ``loop/updates``, ``scaler/*``, ``rng/*``; see
-        xbridge/run/checkpoint.py). Written into checkpoints; read back by any backend."""
+        xbridge/checkpoint/format.py). Written into checkpoints; read back by any backend."""
 
     @abstractmethod
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:

@@ -10,9 +10,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import fingerprint
-from .contract import positive_int
 from .files import existing_file
 from .order import positions, record_index
+from .source import positive_int
 
 
 def _load_file(path: str, owner: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

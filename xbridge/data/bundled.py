@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir.serialize import register
-from .contract import positive_int
+from .source import positive_int
 
 
 def _rng(seed: int, step: int, stream: int) -> np.random.Generator:

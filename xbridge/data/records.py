@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .contract import DataError, positive_int, source_name
 from .order import positions, record_index
+from .source import DataError, positive_int, source_name
 
 
 def stack_records(records: list[Any]) -> dict[str, np.ndarray]:

@@ -13,8 +13,8 @@ from ..errors import ConfigError
 from ..ir.serialize import register
 from . import fingerprint
 from .bundled import _rng
-from .contract import DataError, positive_int
 from .files import existing_file
+from .source import DataError, positive_int
 
 TOKEN_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data.contract import check_source
+from ..data.source import check_source
 from ..errors import ConfigError
 from . import serialize
 from .mesh import Mesh

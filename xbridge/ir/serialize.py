@@ -31,7 +31,7 @@ def to_config(obj: Any) -> Any:
                 continue
             value = getattr(obj, f.name)
             if f.metadata.get("data") and value is not None:
-                from ..data.contract import describe
+                from ..data.source import describe
 
                 out[f.name] = describe(value)
                 continue

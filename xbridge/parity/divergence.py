@@ -1,7 +1,7 @@
 """Where a backend first departs from the reference, module by module (``parity --bisect``).
 
 Each target's ``trace_modules`` gives every module's first floating output of one forward pass, in execution order
-(recorded by xbridge/xbridge/torch/module_outputs.py); :func:`first_divergence` walks the reference's order and
+(recorded by xbridge/torch/module_outputs.py); :func:`first_divergence` walks the reference's order and
 names the first module whose output deviates beyond the tolerance.
 """
 

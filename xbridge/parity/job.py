@@ -2,7 +2,8 @@
 
 The weights are built once here and handed to every target's process (``xbridge run --init-state``); each target
 writes its per-step losses and final state (``--save-state``) and, with ``--bisect``, every module's output on the
-first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity.py.
+first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity/policy.py; the verdicts are a
+:class:`~xbridge.parity.record.ParityRecord`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +32,16 @@ from ..run.isolated import (
 )
 from . import policy
 from .divergence import first_divergence
+from .record import (
+    DivergentModule,
+    Fp32Reference,
+    ParityCheck,
+    ParityRecord,
+    ParityReference,
+    ParityRow,
+    RandomDraw,
+    ToleranceRecord,
+)
 
 
 @dataclass
@@ -110,7 +120,7 @@ def random_draws(program: Program) -> list[tuple[str, str]]:
     """(module, op) of each random draw of one training forward, found on the meta device before anything runs
     (xbridge/torch/portable_rng.py); empty when none is found or the model cannot run on the meta device."""
 
-    from ..data.contract import checked_batch
+    from ..data.source import checked_batch
     from ..torch import portable_rng as portable
     try:
         return list(portable.random_draws(program, checked_batch(program.data, 0, program.seed)))
@@ -161,9 +171,9 @@ def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, 
 
 
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
-           progress: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[str, str], None] | None = None) -> ParityRecord:
     """Run the reference and every target from the same weights; return the verdicts (also written to
-    ``out/parity.json``)."""
+    ``out/parity.json``). ``progress(target, status)`` is called as each target's verdict is in."""
     from ..weights import initial_weights
 
     reference = resolve_reference(options.reference)
@@ -186,7 +196,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                    for tag, target, precision, flag in runs}
         ref = pending["reference"].result()
         if progress:
-            progress(f"{reference} (reference)", ref.run.to_json())
+            progress(f"{reference} (reference)", ref.run.status)
         if ref.run.status != "ok":
             pool.shutdown(wait=True, cancel_futures=True)
             first = (ref.run.error or "").splitlines()[0]
@@ -198,9 +208,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     checked: dict[str, str | None] = {}
     for target in targets:
         row = finished[target]
-        entry: dict[str, Any] = {"target": target, "status": row.run.status, "devices": row.run.devices}
         if row.run.result is None or row.state is None:
-            entry |= {"verdict": "error", "error": row.run.error}
+            entry = ParityRow(target, row.run.status, row.run.devices, "error", error=row.run.error)
         else:
             assert ref.state is not None
             ok32 = fp32 if fp32 is not None and fp32.run.result is not None and fp32.state is not None else None
@@ -211,45 +220,43 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             evals = (policy.loss_deviation(ref.eval_losses, row.eval_losses, tol, ok32.eval_losses if ok32 else None)
                      if ref.eval_losses else None)
             dtypes = policy.matmul_dtype_mismatch(ref.matmul_dtypes, row.matmul_dtypes)
-            entry |= {
-                "verdict": "pass" if loss.ok and params.ok and (evals is None or evals.ok) and dtypes is None
-                else "FAIL",
-                "max_loss_dev": loss.value, "max_loss_dev_at": loss.where, "loss_limit": loss.limit,
-                "first_failing_step": int(failing[0]) if failing.size else None,
-                "max_param_dev": params.value, "max_param_dev_at": params.where, "param_limit": params.limit,
-                "losses": row.losses, "recompiles": row.run.result.summary.recompiles_after_warmup,
-            }
+            check = ParityCheck(
+                max_loss_dev=loss.value, max_loss_dev_at=loss.where, loss_limit=loss.limit,
+                first_failing_step=int(failing[0]) if failing.size else None,
+                max_param_dev=params.value, max_param_dev_at=params.where, param_limit=params.limit,
+                losses=row.losses, recompiles=row.run.result.summary.recompiles_after_warmup)
             if census:
-                entry |= {"matmul_dtypes": row.matmul_dtypes, "matmul_dtypes_mismatch": dtypes}
+                check.census, check.matmul_dtypes, check.matmul_dtypes_mismatch = True, row.matmul_dtypes, dtypes
             if evals is not None:    # the eval losses, under the same limit (index i: the i-th evaluation)
-                entry |= {"max_eval_loss_dev": evals.value, "max_eval_loss_dev_at": evals.where.replace("step", "eval"),
-                          "eval_losses": row.eval_losses}
+                check.max_eval_loss_dev, check.max_eval_loss_dev_at = evals.value, evals.where.replace("step", "eval")
+                check.eval_losses = row.eval_losses
             if fp32 is not None and fp32.run.result is not None:
-                entry["fp32_max_loss_dev"] = policy.loss_deviation(fp32.losses, row.losses, tol).value
+                check.fp32_max_loss_dev = policy.loss_deviation(fp32.losses, row.losses, tol).value
             if options.bisect and ref.trace is not None and row.trace is not None:
                 found = first_divergence(ref.trace, row.trace, tol.loss_rtol)
-                entry["first_divergent_module"] = None if found is None else {"module": found[0], "deviation": found[1]}
-            if draws and entry["verdict"] == "FAIL":
-                entry["cause"] = random_cause(draws)
-            elif entry["verdict"] == "FAIL" and options.total_devices > 1 and averages_shard_losses(target):
+                check.bisected = True
+                check.first_divergent_module = None if found is None else DivergentModule(*found)
+            verdict = "pass" if loss.ok and params.ok and (evals is None or evals.ok) and dtypes is None else "FAIL"
+            entry = ParityRow(target, row.run.status, row.run.devices, verdict, check=check)
+            if draws and verdict == "FAIL":
+                entry.cause = random_cause(draws)
+            elif verdict == "FAIL" and options.total_devices > 1 and averages_shard_losses(target):
                 if "split" not in checked:       # once per parity run, and only when it can explain a failure
                     checked["split"] = split_cause(program, weights, options.total_devices, tol.loss_rtol)
                 if checked["split"]:
-                    entry["cause"] = checked["split"]
+                    entry.cause = checked["split"]
         rows.append(entry)
         if progress:
-            progress(target, entry)
-    record = {
-        "xbridge": __version__, "program": program.name, "config_hash": program.config_hash,
-        "precision": program.precision.name, "steps": options.steps, "devices": options.total_devices,
-        "processes": options.processes,
-        "tolerance": {"loss_rtol": tol.loss_rtol, "param_rtol": tol.param_rtol, "why": tol.why},
-        "reference": {"target": reference, "losses": ref.losses, "eval_losses": ref.eval_losses,
-                      **({"matmul_dtypes": ref.matmul_dtypes} if census else {})},
-        "reference_fp32": None if fp32 is None else {"status": fp32.run.status,
-                                                     "losses": fp32.losses if fp32.run.result else None},
-        "targets": rows, "passed": all(r["verdict"] == "pass" for r in rows), "rng": program.step.rng,
-        "random_draws": [{"module": module, "op": op} for module, op in draws],
-    }
-    write_json(out / "parity.json", record)
+            progress(target, entry.status)
+    record = ParityRecord(
+        xbridge=__version__, program=program.name, config_hash=program.config_hash,
+        precision=program.precision.name, steps=options.steps, devices=options.total_devices,
+        processes=options.processes, tolerance=ToleranceRecord.of(tol),
+        reference=ParityReference(reference, ref.losses, ref.eval_losses, census,
+                                  ref.matmul_dtypes if census else None),
+        reference_fp32=None if fp32 is None else Fp32Reference(fp32.run.status,
+                                                               fp32.losses if fp32.run.result else None),
+        targets=rows, passed=all(r.verdict == "pass" for r in rows), rng=program.step.rng,
+        random_draws=[RandomDraw(module, op) for module, op in draws])
+    write_json(out / "parity.json", record.to_json())
     return record

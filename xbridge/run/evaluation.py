@@ -7,7 +7,7 @@ import math
 import time
 
 from ..contract import Executable
-from ..data.contract import BatchCheck, tokens_per_example
+from ..data.source import BatchCheck, tokens_per_example
 from ..errors import RunError
 from ..ir.program import Eval
 from .record import EvalRecord

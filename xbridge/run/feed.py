@@ -1,7 +1,7 @@
 """Batches for the run loop, loaded one step ahead.
 
 While step k runs, a background thread loads batch k+1: the executable's ``fetch`` reads it from the data source,
-checks it against the first batch (:class:`xbridge.data.contract.BatchCheck`) and ``put``s it on the device (the
+checks it against the first batch (:class:`xbridge.data.source.BatchCheck`) and ``put``s it on the device (the
 host-to-device copy, sharded as planned). The loop then waits only for what is not ready yet; that wait is reported
 per step as ``data_wait_s`` and is part of the step time. A source's error reaches the loop at the step that needed
 the batch. The distributed inductor ranks use the same class to load their own rows.

@@ -10,7 +10,7 @@ import traceback
 import numpy as np
 import torch
 
-from xbridge.data.contract import checked_batch
+from xbridge.data.source import checked_batch
 from xbridge.errors import ProgramError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from xbridge.data.contract import checked_batch
+from xbridge.data.source import checked_batch
 from xbridge.ir.program import Program
 
 from .train import batch_to_torch, build_model, compute_context, eval_mode, loss_parts, per_item, split_micro

@@ -34,8 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from xbridge.data.contract import RNG_KEY
+from xbridge.data.source import RNG_KEY
 from xbridge.errors import ProgramError
+
+from .patches import replaced_factories
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -244,7 +246,8 @@ _REFUSED: dict[Callable, str] = {
 # The factories that take no tensor are not in torch.overrides.get_overridable_functions(), so Dynamo (inductor,
 # xla's openxla mode) does not route them to a TorchFunctionMode, as eager torch does. Around a compiled loss call
 # (:func:`factories`) they are replaced by forwarders to the active generator (_ACTIVE), which Dynamo traces as
-# Python; outside a portable loss the forwarders call the original.
+# Python; outside a portable loss the forwarders call the original. The replacement itself is a patch of torch
+# (xbridge/torch/patches.py).
 _ACTIVE: list[PortableRandom] = []
 _ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint)}
 
@@ -264,22 +267,10 @@ def _forwarder(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
 _FORWARDERS = {name: _forwarder(original) for name, original in _ORIGINAL.items()}
 
 
-@contextlib.contextmanager
-def factories() -> Iterator[None]:
-    """``torch.rand``, ``randn`` and ``randint`` forwarded to the portable generator while a (compiled) loss runs.
-    Dynamo classifies ``torch.<name>`` with a map it builds from those names; built here first, with the originals
-    (torch.distributed's init_process_group clears it), the map leaves the forwarders to be traced as Python
-    rather than put in the graph as an opaque call."""
-    from torch._dynamo.trace_rules import get_torch_obj_rule_map
-
-    get_torch_obj_rule_map()
-    for name, forwarder in _FORWARDERS.items():
-        setattr(torch, name, forwarder)
-    try:
-        yield
-    finally:
-        for name, original in _ORIGINAL.items():
-            setattr(torch, name, original)
+def factories() -> contextlib.AbstractContextManager[None]:
+    """``torch.rand``, ``randn`` and ``randint`` forwarded to the portable generator while a (compiled) loss runs,
+    and put back after (:func:`xbridge.torch.patches.replaced_factories`)."""
+    return replaced_factories(_FORWARDERS)
 
 
 def portable_loss(loss: Callable[[Any, dict[str, Any]], Any], seed: int) -> Callable[[Any, dict[str, Any]], Any]:

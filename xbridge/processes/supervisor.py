@@ -1,17 +1,10 @@
-"""Several processes, one run: ``--processes P`` (P processes started here, on this machine) or ``--processes
-cluster`` (this process is one of a job a cluster launcher started: a Slurm step, an Open MPI job, a Cloud TPU pod
-slice, a Kubernetes job set). Every process runs the same run loop (SPMD: the same steps, the same compiled
-program, each feeding the rows its own devices hold); process 0 writes what the run writes and prints the report,
-the others write into a scratch folder of their own that is removed at the end.
-
-This module imports no ML framework: the supervisor that starts and watches the processes runs before any backend
-is loaded.
-"""
+"""The supervisor: ``--processes P`` starts P processes of the same command on this machine and watches them (exit
+statuses, the heartbeat); a process it started dies with it, and one whose collective failed because a peer died
+waits to be stopped, so that the one line the user reads names the process that died."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import signal
@@ -19,132 +12,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from ..errors import ConfigError
+from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
+from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
 
-CLUSTER = "cluster"
-# Set by the supervisor in each process it starts: the coordinator (JAX reads this one itself), the count and the
-# index. A cluster launcher that sets the three (or JAX's own environments) works the same way.
-COORDINATOR, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
-CHILD = "XBRIDGE_PROCESS_CHILD"      # this process was started by an xbridge supervisor
-HEARTBEAT = "XBRIDGE_HEARTBEAT"      # the file where a started process says what it is doing (the run loop's steps)
-TIMEOUT = "XBRIDGE_DIST_TIMEOUT"     # seconds without progress in any process before the job is stopped (as inductor)
 GRACE_S = 5.0      # after one process fails, how long the others get to end on their own before they are killed
-
-
-_joined = (0, 1)      # (this process's index, the count) once the run loop has joined a job
-_joining = False      # this process will join a job: backends must not start their runtime before it has
-
-
-def joining(value: bool = True) -> None:
-    """Say that this process is about to join a job (before any target is resolved): a backend then checks its
-    devices after joining, not before (JAX cannot join once its runtime has started)."""
-    global _joining
-    _joining = value
-
-
-def is_joining() -> bool:
-    return _joining
-
-
-def joined(index: int, count: int) -> None:
-    global _joined
-    _joined = (index, count)
-
-
-def this_process() -> tuple[int, int]:
-    """(index, count) of the job this process joined; (0, 1) when it is alone."""
-    return _joined
-
-
-def beat(what: str) -> None:
-    """Say what this process is doing now (its file's time is when it last made progress); nothing unless an xbridge
-    supervisor started it."""
-    path = os.environ.get(HEARTBEAT)
-    if path:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(what)
-
-
-@contextlib.contextmanager
-def beating(what: str) -> Iterator[None]:
-    """While the block runs, say ``what`` again every few seconds: for local work that may outlast the progress
-    timeout and cannot wait on another process (compiling a step), so that a long compile is not taken for a hang.
-    Nothing unless an xbridge supervisor started this process."""
-    if not os.environ.get(HEARTBEAT):
-        yield
-        return
-    done = threading.Event()
-    interval = min(5.0, timeout_s() / 4)
-
-    def keep_beating() -> None:
-        while not done.wait(interval):
-            beat(what)
-
-    beat(what)
-    thread = threading.Thread(target=keep_beating, name="xbridge-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-
-
-def timeout_s() -> float:
-    text = os.environ.get(TIMEOUT, "600")
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{TIMEOUT}={text!r} must be a number of seconds") from None
-
-
-def parse(text: str | None) -> int | str:
-    """``--processes``: a count >= 1, or ``cluster``."""
-    if text is None:
-        return 1
-    if text == CLUSTER:
-        return CLUSTER
-    try:
-        count = int(text)
-    except ValueError:
-        raise ConfigError(f"--processes must be a count >= 1 or {CLUSTER!r}, got {text!r}") from None
-    if count < 1:
-        raise ConfigError(f"--processes must be a count >= 1 or {CLUSTER!r}, got {count}")
-    return count
-
-
-def environment_job() -> tuple[int, int] | None:
-    """(index, count) from the environment a launcher set (``JAX_PROCESS_ID``, ``JAX_NUM_PROCESSES``), or None."""
-    index, count = os.environ.get(INDEX), os.environ.get(COUNT)
-    if not index or not count:      # unset, or set to nothing
-        return None
-    try:
-        return int(index), int(count)
-    except ValueError:
-        raise ConfigError(f"{INDEX}={index!r} and {COUNT}={count!r} must be integers") from None
-
-
-def must_start(processes: int | str) -> bool:
-    """True in the command a user typed with ``--processes P`` (P > 1): it starts the P processes and waits."""
-    return isinstance(processes, int) and processes > 1 and CHILD not in os.environ
-
-
-def follower_outputs(options: Any, scratch: Path) -> Any:
-    """A process other than 0: every path the run writes moved under ``scratch`` (the same calls happen in every
-    process: a --save-state gathers from all of them; only process 0's files are kept), but the checkpoint
-    directory, where every process writes the pieces it holds (xbridge/run/shards.py)."""
-    moved = {}
-    for name in ("dump", "state_out", "trace_out", "tensorboard", "profile_dir"):
-        path = getattr(options, name)
-        if path is not None:
-            moved[name] = scratch / name / Path(path).name
-    return dataclasses.replace(options, **moved)
 
 
 def free_port() -> int:

@@ -3,7 +3,7 @@
 A run spread over several processes (``--processes``) saves without gathering: each process writes the pieces its
 devices hold (a replicated piece once, by the replica the backend numbers 0) into its own ``model-IIIII-of-PPPPP``
 and ``train-IIIII-of-PPPPP.safetensors``, and process 0 commits the checkpoint when every process has written
-(xbridge/run/checkpoint.py). The manifest's ``layout`` records, for every tensor, its global dtype and shape and
+(writer.py). The manifest's ``layout`` records, for every tensor, its global dtype and shape and
 its pieces: the file, the key in that file, where the piece starts in the global array and the SHA-256 of its
 bytes. A reader asks a :class:`Stored` for the slice it needs; only the pieces overlapping that slice are read,
 each checked against its SHA-256.

@@ -1,0 +1,88 @@
+"""What the jax stack changes in torchax's private API (pinned: torchax 0.0.13; xbridge/torch/patches.py states the
+rule and holds the version guard). :func:`apply` runs from ``JaxBackend.lower()``, once per process; :func:`undo`
+puts back everything it changed.
+
+- autocast: ``torchax.amp.execute_policy``, the hook torchax calls to cast an operator's inputs, is replaced by
+  backends/jaxjit/autocast.py's (torch.autocast's policy and state: lists, float64 left alone, the model's own
+  ``torch.autocast(enabled=False)`` regions), and the torch functions torchax lowers before they reach aten
+  (``F.linear``, attention, einsum, ``aten.convolution``...: ``autocast.FUNCTION_POLICY``) are added to
+  ``torchax.amp.autocast_policy`` where it has no entry. torchax offers no public hook for either. Undone: the
+  function and the table's entries put back.
+- operator lowerings (backends/jaxjit/ops.py says why each): ``aten::_grouped_mm``, a JAX function, in torchax's
+  registry (``ops_registry.all_aten_ops``, which an environment copies when it is created) and in the default
+  environment's table (``Environment._ops``: its public ``override_op_definition`` makes torch-function entries
+  only), unless torchax has its own; BatchNorm's training forms replace torchax's through the public
+  ``Environment.override_op_definition``. Undone: the entries that were there put back.
+- attention (:func:`routed_attention`): only while a loss is traced, ``F.scaled_dot_product_attention`` and
+  ``aten::scaled_dot_product_attention`` go to a JAX kernel (backends/jaxjit/attention.py), written into
+  ``Environment._ops`` as JAX functions; the entries that were there are put back after the trace (torchax has no
+  public way to remove an override).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from xbridge.torch import patches as shared
+from xbridge.torch.patches import Patch, PatchSet
+
+AUTOCAST = Patch("torchax.amp.execute_policy and torchax.amp.autocast_policy (torch.autocast's policy)", "torchax",
+                 shared.TORCHAX)
+OPERATORS = Patch("torchax's operator table (aten::_grouped_mm, BatchNorm's training forms)", "torchax",
+                  shared.TORCHAX)
+ATTENTION = Patch("torchax's operator table (scaled_dot_product_attention routed to a JAX kernel)", "torchax",
+                  shared.TORCHAX)
+_PATCHES = PatchSet(AUTOCAST, OPERATORS, ATTENTION)
+
+
+def apply() -> None:
+    """Check the pins, then install the autocast hook and the lowerings (once per process)."""
+    _PATCHES.apply(_install)
+
+
+def undo() -> None:
+    _PATCHES.undo()
+
+
+def _install(patches: PatchSet) -> None:
+    import torchax
+    from torchax import amp
+    from torchax.ops import ops_registry
+
+    from . import autocast, ops
+
+    for func, policy in autocast.FUNCTION_POLICY.items():
+        if func not in amp.autocast_policy:
+            patches.set_item(amp.autocast_policy, func, policy)
+    patches.set(amp, "execute_policy", autocast.execute_policy)
+
+    env = torchax.default_env()
+    for op, impl in ops.jax_lowerings():
+        if op in ops_registry.all_aten_ops:      # torchax gained its own: keep it
+            continue
+        patches.record_item(ops_registry.all_aten_ops, op)
+        ops_registry.register_torch_dispatch_op(op, impl, is_jax_function=True, is_user_defined=True)
+        patches.set_item(env._ops, op, ops_registry.all_aten_ops[op])
+    for packet, impl in ops.torch_replacements():
+        for key in (packet, packet.default):
+            patches.record_item(env._ops, key)
+            env.override_op_definition(key, impl)
+
+
+@contextlib.contextmanager
+def routed_attention(impl: Callable[..., Any]) -> Iterator[None]:
+    """For the block: torch's attention calls lowered by ``impl``, a JAX function of torch's arguments."""
+    shared.check(ATTENTION)
+    import torch
+    import torch.nn.functional as F
+    import torchax
+    from torchax.ops import ops_registry
+
+    keys = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention,
+            torch.ops.aten.scaled_dot_product_attention.default)
+    entries = {key: ops_registry.Operator(key, impl, is_jax_function=True, is_user_defined=True, needs_env=False,
+                                          is_view_op=False) for key in keys}
+    with shared.replaced(torchax.default_env()._ops, entries, items=True):
+        yield

@@ -1,0 +1,65 @@
+"""The commands that describe without training: ``cache`` (the compilation caches), ``backends`` (the targets) and
+``inspect`` (a program's parameters, FLOPs, sharding plan and memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import typer
+
+from ..errors import ConfigError
+from .common_options import FORMAT, MESH, PROGRAM, REMAT, Format, emit
+from .program_overrides import load_with_overrides
+
+
+def cache(
+    names: list[str] = typer.Argument(None, help="With --clear: the caches to empty (default: all).",
+                                      show_default=False),
+    clear: bool = typer.Option(False, "--clear", help="Empty the caches (the next run of each backend compiles "
+                                                      "from scratch)."),
+    format: Format = FORMAT,
+) -> None:
+    """Where the compilation caches are and how big they are; --clear empties them."""
+    from .. import cache as caches
+    from .tables import print_caches
+
+    if names and not clear:
+        raise ConfigError("cache names are for --clear (xbridge cache --clear inductor); `xbridge cache` lists them")
+    removed = caches.clear(list(names or [])) if clear else None
+    rows = [dataclasses.asdict(info) for info in (removed if removed is not None else caches.describe())]
+    record = {"root": str(caches.cache_root()), "cleared": clear, "caches": rows}
+    emit(record, format, print_caches)
+
+
+def backends(format: Format = FORMAT) -> None:
+    """List every known target: available here, or the reason it is not; versions and device counts."""
+    from ..contract.registry import describe
+    from .tables import print_backends
+
+    rows = describe()
+    emit(rows, format, print_backends)
+
+
+def inspect(
+    program: str = PROGRAM,
+    devices: int = typer.Option(1, help="Devices the mesh spans."),
+    mesh: str | None = MESH,
+    precision: str | None = typer.Option(None, help="Override the precision (changes parameter bytes)."),
+    remat: str | None = REMAT,
+    format: Format = FORMAT,
+) -> None:
+    """Print parameter count, FLOPs per step, the sharding plan and the memory per device (parameters, gradients,
+    optimizer state, activations), without running anything."""
+    from ..compare.flops import flops_per_step
+    from ..data.source import checked_batch
+    from ..memory import estimate
+    from ..planner import plan
+    from .tables import print_inspect
+
+    prog = load_with_overrides(program, precision, mesh=mesh, remat=remat)
+    the_plan = plan(prog, devices)
+    batch = checked_batch(prog.data, 0, prog.seed)
+    info = {"program": prog.name, "config_hash": prog.config_hash, "precision": prog.precision.name,
+            "flops_per_step": flops_per_step(prog, batch), "batch_size": prog.data.batch_size,
+            "plan": the_plan.to_json(), "memory": estimate(prog, the_plan, batch).to_json()}
+    emit(info, format, print_inspect)

@@ -1,0 +1,38 @@
+"""Several processes, one run: ``--processes P`` (P processes started here, on this machine) or ``--processes
+cluster`` (this process is one of a job a cluster launcher started: a Slurm step, an Open MPI job, a Cloud TPU pod
+slice, a Kubernetes job set). Every process runs the same run loop (SPMD: the same steps, the same compiled
+program, each feeding the rows its own devices hold); process 0 writes what the run writes and prints the report,
+the others write into a scratch folder of their own that is removed at the end.
+
+- job.py: this process's place in a job (the environment a launcher sets, ``--processes``, joining);
+- heartbeat.py: what a started process says it is doing, and the progress timeout;
+- supervisor.py: starting the processes, watching them, and stopping them all when one fails or hangs.
+
+This package imports no ML framework: the supervisor that starts and watches the processes runs before any backend
+is loaded. Running one target of compare or parity in an ``xbridge run`` subprocess of its own is not here but in
+xbridge/run/isolated.py: it shares nothing with a job (no coordinator, no heartbeat, no joining), it is a whole
+``xbridge run`` whose result is the run record, and it sits beside that record.
+"""
+
+from .heartbeat import HEARTBEAT, TIMEOUT, beat, beating, timeout_s
+from .job import (
+    CHILD,
+    CLUSTER,
+    COORDINATOR,
+    COUNT,
+    INDEX,
+    environment_job,
+    follower_outputs,
+    is_joining,
+    joined,
+    joining,
+    must_start,
+    parse,
+    this_process,
+)
+from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start
+
+__all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "TIMEOUT", "after_lost_peer",
+           "beat", "beating", "describe_exit", "die_with_parent", "environment_job", "follower_outputs",
+           "free_port", "is_joining", "joined", "joining", "must_start", "parse", "start", "this_process",
+           "timeout_s"]
