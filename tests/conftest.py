@@ -40,6 +40,7 @@ def _jax_devices_in_this_process():
     except ImportError:
         return
     jax.config.update("jax_num_cpu_devices", 8)
+    jax.config.update("jax_platforms", "cpu")   # as the jax-cpu target does: libtpu (xbridge compile) stays unloaded
 
 
 @pytest.fixture(scope="session")

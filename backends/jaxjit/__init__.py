@@ -14,16 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xbridge.contract import Backend, BackendOption, Executable, Target
+from xbridge.contract.ahead_of_time import AheadOfTime
 from xbridge.errors import BackendUnavailable, ConfigError, RunError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
+    from xbridge.aot.record import CompiledProgram
+    from xbridge.aot.topology import Topology
 
 _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin")}
 _INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'xbridge[cuda]' on a CUDA machine"}
 
 
-class JaxBackend(Backend):
+class JaxBackend(Backend, AheadOfTime):
     name = "jax"
     devices = ("tpu", "cuda", "cpu")
     requires = ("jax", "optax", "torchax", "torch")
@@ -35,6 +38,11 @@ class JaxBackend(Backend):
     def device_reason(self, device: str) -> str | None:
         if device == "cpu":
             return None
+        if device == "tpu":
+            from xbridge.aot.environment import tpu_chips_on_this_machine
+
+            if tpu_chips_on_this_machine() == 0:    # known without loading libtpu (which would print and wait)
+                return "no TPU chip on this machine's PCI bus" + _compile_note()
         if not any(importlib.util.find_spec(m) for m in _PLATFORM_PLUGINS[device]):
             return (f"jax has no {device.upper()} runtime here (none of {', '.join(_PLATFORM_PLUGINS[device])} "
                     f"is installed; {_INSTALL_HINT[device]})")
@@ -98,6 +106,10 @@ class JaxBackend(Backend):
             return
         import jax
 
+        if not jax.config.jax_platforms:  # type: ignore[attr-defined]
+            # the CPU only: with libtpu installed (xbridge compile) JAX would otherwise load it on its first
+            # jax.devices() and print its warnings about a missing TPU (bench/results/tpu-aot/NOTES.md, section 6)
+            jax.config.update("jax_platforms", "cpu")
         asked = int(jax.config.jax_num_cpu_devices)  # type: ignore[attr-defined]  # (-1: not set)
         try:
             jax.config.update("jax_num_cpu_devices", max(devices, _requested_cpu_devices(), asked))
@@ -112,12 +124,33 @@ class JaxBackend(Backend):
     def averages_shard_losses(self, options: dict[str, str]) -> bool:
         return options.get("sharding_mode") == "shard_map"   # gspmd takes the loss over the global batch
 
+    def compile_ahead(self, program: Program, plan: ShardingPlan, topology: Topology, options: dict[str, str],
+                      dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
+        """The train step, evaluation and initialisation ``run`` builds, compiled for ``topology`` by libtpu's
+        compile-only client (ahead_of_time.py)."""
+        from . import ahead_of_time
+
+        return ahead_of_time.compile_ahead(program, plan, topology, options["sharding_mode"], dump, which)
+
+    def compiler_versions(self) -> dict[str, str]:
+        from xbridge.aot.environment import libtpu_version
+
+        return {**self.versions(), "libtpu": libtpu_version() or "(TPU_LIBRARY_PATH)"}
+
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from . import patches
         from .executable import JaxExecutable
 
         patches.apply()     # torchax's autocast hook and operator table (patches.py), once per process
         return JaxExecutable(program, plan, target, options["sharding_mode"])
+
+
+def _compile_note() -> str:
+    from xbridge.aot.environment import INSTALL, libtpu_available
+
+    if libtpu_available():
+        return "; it can compile for one here: xbridge compile PROG --backend jax-tpu --topology v5e-8"
+    return f"; to compile for one here without running: {INSTALL}"
 
 
 def _requested_cpu_devices() -> int:

@@ -30,3 +30,31 @@ def placed(source: Any, sharding: jax.sharding.Sharding,
         return convert(value) if convert is not None else value
 
     return jax.make_array_from_callback(tuple(source.shape), sharding, read)
+
+
+def abstract(source: Any, sharding: jax.sharding.Sharding,
+             convert: Callable[[np.ndarray], np.ndarray] | None = None) -> jax.ShapeDtypeStruct:
+    """What :func:`placed` would place, as a shape, a dtype (``convert``-ed) and a sharding: on compile-only devices
+    (a TPU topology) nothing is read. ``source``: anything with ``shape`` and ``dtype`` (numpy, torch, jax)."""
+    dtype = np.empty((0,), _numpy_dtype(source.dtype)) if convert is None else convert(
+        np.empty((0,), _numpy_dtype(source.dtype)))
+    return jax.ShapeDtypeStruct(tuple(source.shape), dtype.dtype, sharding=sharding)
+
+
+def abstract_stack(members: list[Any]) -> jax.ShapeDtypeStruct:
+    """``jnp.stack`` of shapes (a scanned layers' group, xbridge/torch/layer_stacks.py)."""
+    first = members[0]
+    return jax.ShapeDtypeStruct((len(members), *first.shape), first.dtype)
+
+
+def shape_of(leaf: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
+    """A state leaf (an array, a scalar or already a shape) as a shape with the state's sharding."""
+    return jax.ShapeDtypeStruct(np.shape(leaf), jax.numpy.result_type(leaf) if not hasattr(leaf, "dtype")
+                                else leaf.dtype, sharding=sharding)
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """numpy's dtype of a numpy, jax or torch dtype, floating ones as float32 (as the host copies :func:`placed`
+    reads are: xbridge.weights.tensor_to_numpy); ``convert`` then gives the state's dtype."""
+    found = jax.numpy.dtype(str(dtype).removeprefix("torch."))
+    return np.dtype(np.float32) if jax.numpy.issubdtype(found, jax.numpy.floating) else found

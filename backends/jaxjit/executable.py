@@ -1,11 +1,15 @@
 """The JAX executable: state placement from the plan, one jitted train step (GSPMD or shard_map: built by
-step_builders.py), batches onto the mesh (feeding.py: each process's rows under several processes), numpy I/O."""
+step_builders.py), batches onto the mesh (feeding.py: each process's rows under several processes), numpy I/O.
+
+Built on compile-only devices (``devices=``, a TPU topology's: xbridge compile, ahead_of_time.py) it is abstract:
+the model is built on the meta device and every array of the state is a ``jax.ShapeDtypeStruct`` with its
+sharding, so the very steps ``run`` builds are lowered and compiled without one byte of weights."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +70,15 @@ def enable_compilation_cache() -> None:
 
 
 class JaxExecutable(JaxState, Probes, Profiling):
-    def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str) -> None:
+    def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str,
+                 devices: Sequence[Any] | None = None) -> None:
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
-        enable_compilation_cache()
+        self.abstract = devices is not None     # compile-only devices: shapes and shardings, never arrays
+        if not self.abstract:
+            enable_compilation_cache()
         _listen_once()
         self._counts_start = dict(_counts)
-        available = jax.devices(target.device)
+        available = list(devices) if devices is not None else jax.devices(target.device)
         if len(available) < plan.devices:
             raise BackendUnavailable(f"target {target} has {len(available)} device(s), the plan needs {plan.devices}")
         sizes = plan.axis_sizes
@@ -89,12 +96,12 @@ class JaxExecutable(JaxState, Probes, Profiling):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, weights: dict[str, np.ndarray]) -> None:
+    def init(self, weights: dict[str, Any]) -> None:     # numpy; shapes (jax.ShapeDtypeStruct) when abstract
         program = self.program
         attention.check(program.step.attention, str(self.target), self.mesh.devices.flat[0].platform)
         # the module gives shapes, ties and the non-persistent buffers; the parameters and buffers are placed from
         # ``weights`` below, each device's slice read on its own (a sharded checkpoint is never read whole)
-        model = build_model(program, None, torch.device("cpu"))
+        model = build_model(program, None, torch.device("meta" if self.abstract else "cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
         self.scanner = layer_scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
         ops.register()
@@ -112,37 +119,39 @@ class JaxExecutable(JaxState, Probes, Profiling):
         def cast(value: np.ndarray) -> np.ndarray:
             return to_jax_dtype(value, float_dtype)
 
-        params = {n: checkpoint_shards.placed(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), cast)
+        place = checkpoint_shards.abstract if self.abstract else checkpoint_shards.placed
+        params = {n: place(weights[n], NamedSharding(self.mesh, P(*self.specs[n])), cast)
                   for n in self.lowered.param_names}
         # buffers (and frozen parameters, which torchax keeps with them) in the params dtype, bf16 too; a
         # non-persistent buffer (not in the state_dict) as the module built it
-        buffers = {n: checkpoint_shards.placed(weights[n] if n in weights else tensor_to_numpy(b), self.replicated,
-                                               cast)
+        buffers = {n: place(weights[n] if n in weights else (b if self.abstract else tensor_to_numpy(b)),
+                            self.replicated, cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
         self.stacks = Stacks.of_scan(self.scanner, self.lowered.canonical, self.trained, self.specs, params)
-        params = self.stacks.stack(params)
+        params = self.stacks.stack(params, checkpoint_shards.abstract_stack if self.abstract else jnp.stack)
         for key in self.stacks.groups:
             self.specs[key] = self.stacks.spec_of(key, self.specs)
         self.trained_keys = self.stacks.keys(self.trained)
         self.param_keys = self.stacks.keys(self.lowered.param_names)
         self.bad_grad_names = [n for key in self.param_keys for n in self.stacks.names_of(key)]
-        opt = self.tx.init({n: params[n] for n in self.trained_keys})
+        trained = {n: params[n] for n in self.trained_keys}
+        opt = jax.eval_shape(self.tx.init, trained) if self.abstract else self.tx.init(trained)
         state = {"params": params, "opt": opt, "buffers": buffers, "step": jnp.int32(0)}
         if self.scaling:
             state["scaler"] = optimizers.scaler_init()
         self.state_specs = self._state_specs(state)
         self.state_shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs,
                                             is_leaf=lambda x: isinstance(x, P))
-        self.state = jax.device_put(state, self.state_shardings)
+        self.state = (jax.tree.map(checkpoint_shards.shape_of, state, self.state_shardings) if self.abstract
+                      else jax.device_put(state, self.state_shardings))
         batch_spec = P(*self.plan.batch)
         self.batch_sharding = NamedSharding(self.mesh, batch_spec)
         self.batch_spec = batch_spec
         self.feed = BatchFeed(program, self.mesh, batch_spec, self.batch_sharding, self.processes)
         self.jitted = step_builders.train_step(self)
 
-    def _params_the_loss_uses(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
-                              float_dtype: Any) -> list[str]:
+    def _params_the_loss_uses(self, params: dict[str, Any], buffers: dict[str, Any], float_dtype: Any) -> list[str]:
         """The parameters the loss reads (in the traced loss of one micro-batch). torch gives a parameter the loss
         never reaches no gradient (``grad is None``), and torch.optim then skips it: no update, no weight decay,
         no state. JAX would give it a zero gradient and decay it; the optimizer here sees only these. (A frozen
@@ -154,7 +163,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
         try:
             with matmul_precision(self.program.precision.compute):
-                closed = jax.make_jaxpr(lambda p, b: self.lowered(p, buffers, b)[0])(params, batch)
+                closed = jax.make_jaxpr(lambda p, bufs, b: self.lowered(p, bufs, b)[0])(params, buffers, batch)
         finally:
             env.param.prng = key
         read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}

@@ -17,6 +17,7 @@ import typer
 from ..errors import XBridgeError
 from . import run_command
 from .backend_flags import WithBackendOptions
+from .compile_command import compile_command
 from .info_commands import backends, cache, inspect
 from .run_command import run
 from .target_commands import compare, parity
@@ -35,6 +36,10 @@ app.command(epilog="Example: xbridge compare programs/gpt.py --backends eager-cp
                    "out/compare")(compare)
 app.command(epilog="Example: xbridge parity programs/mlp.py --backends jax-cpu,xla-cpu --devices 4 --mesh "
                    "data=-1,model=2 --bisect")(parity)
+app.command("compile", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+            epilog="Example: xbridge compile programs/gpt.py --backend jax-tpu --topology v5e-8 --precision "
+                   "bf16-mixed\n\nFit: xbridge compile programs/gpt.py --topology v5e-8 --fit",
+            cls=WithBackendOptions)(compile_command)
 app.command(epilog="Example: xbridge cache --clear inductor")(cache)
 app.command(epilog="Example: xbridge backends --format json")(backends)
 app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")(inspect)

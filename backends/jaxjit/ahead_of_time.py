@@ -1,0 +1,134 @@
+"""``xbridge compile`` on jax: the executable ``run`` builds (executable.py), built abstractly on a TPU topology's
+compile-only devices (``jax.experimental.topologies``, libtpu's compile-only client), its train step, evaluation and
+optimizer-state initialisation lowered and compiled by the TPU compiler, and what the compiler reports read per chip.
+
+JAX's persistent compilation cache is off here: compile-only executables cannot be serialised into it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from xbridge.aot import hlo
+from xbridge.aot.record import EVAL, INIT, TRAIN, CompiledProgram
+from xbridge.contract import Target
+from xbridge.data.source import checked_batch
+from xbridge.errors import BackendUnavailable, LoweringError
+from xbridge.weights import meta_model
+
+from . import step_builders
+from .checkpoint_shards import abstract
+from .feeding import to_jax_dtype
+from .lowering import matmul_precision
+
+if TYPE_CHECKING:
+    from xbridge.aot.topology import Topology
+    from xbridge.ir.program import Program
+    from xbridge.planner import ShardingPlan
+
+    from .executable import JaxExecutable
+
+
+def topology_devices(topology: Topology) -> list[Any]:
+    """The slice's compile-only devices (every chip of every host, from this one process)."""
+    from jax.experimental import topologies
+
+    try:
+        found = topologies.get_topology_desc(**topology.jax_kwargs())  # type: ignore[arg-type]
+    except Exception as exc:        # libtpu refuses the name or cannot load: one line, with its reason
+        raise BackendUnavailable(f"libtpu could not describe TPU topology {topology.jax_name!r} "
+                                 f"(--topology {topology.asked}): {str(exc).strip().splitlines()[0]}") from None
+    return list(found.devices)
+
+
+def build(program: Program, plan: ShardingPlan, devices: list[Any], mode: str) -> JaxExecutable:
+    """The executable ``run`` would build, on ``devices`` (compile-only), with abstract weights."""
+    from . import patches
+    from .executable import JaxExecutable
+
+    patches.apply()
+    ex = JaxExecutable(program, plan, Target("jax", "tpu"), mode, devices=devices)
+    shapes = {name: abstract(value, ex.replicated) for name, value in meta_model(program).state_dict().items()}
+    ex.init(shapes)
+    return ex
+
+
+def abstract_batch(ex: JaxExecutable) -> dict[str, jax.ShapeDtypeStruct]:
+    """Batch 0's shapes and dtypes (one batch is read on the host), split as the plan says."""
+    float_dtype = jax.numpy.dtype(ex.program.precision.params)
+    host = checked_batch(ex.program.data, 0, ex.program.seed)
+    return {k: jax.ShapeDtypeStruct(v.shape, to_jax_dtype(v[:1], float_dtype).dtype, sharding=ex.batch_sharding)
+            for k, v in host.items()}
+
+
+def compile_programs(ex: JaxExecutable, dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
+    """The train step (what ``step`` calls), the evaluation (``evaluate``) and the optimizer state's
+    initialisation (the only device program ``init`` runs: the weights are copied, not computed)."""
+    batch = abstract_batch(ex)
+    state = ex.state
+    programs = {TRAIN: lambda: (ex.jitted, (state, batch)),
+                EVAL: lambda: (step_builders.eval_step(ex), (state["params"], state["buffers"], batch)),
+                INIT: lambda: (jax.jit(ex.tx.init, out_shardings=ex.state_shardings["opt"]),
+                               ({n: state["params"][n] for n in ex.trained_keys},))}
+    return [measure(ex, name, *programs[name](), dump) for name in which]
+
+
+def measure(ex: JaxExecutable, name: str, fn: Any, args: tuple[Any, ...], dump: Path | None) -> CompiledProgram:
+    """Lower and compile ``fn`` for the topology; the compiler's figures per chip."""
+    start = time.perf_counter()
+    try:
+        with matmul_precision(ex.program.precision.compute):
+            lowered = fn.lower(*args)
+    except NotImplementedError as exc:      # e.g. a Mosaic kernel outside shard_map: JAX's lowering refuses
+        raise LoweringError(f"jax could not lower the {name} of program {ex.program.name!r} for TPU: "
+                            f"{str(exc).strip().splitlines()[0]}") from None
+    lowered_s = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 - the compiler's refusal: out of memory is a result, the rest an error
+        refused = hlo.out_of_memory(str(exc))
+        if refused is None:
+            raise LoweringError(f"the TPU compiler refused the {name} of program {ex.program.name!r}: "
+                                f"{str(exc).strip().splitlines()[0]}") from None
+        return CompiledProgram(name, round(lowered_s, 3), round(time.perf_counter() - start, 3),
+                               refused=refused[0], refused_bytes=refused[1])
+    compile_s = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+    text = compiled.as_text()
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        stem = name.replace(" ", "_")
+        (dump / f"{stem}.stablehlo.mlir").write_text(lowered.as_text())
+        (dump / f"{stem}.tpu.optimized.hlo.txt").write_text(text)
+    return CompiledProgram(
+        name, round(lowered_s, 3), round(compile_s, 3),
+        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
+        code_bytes=int(memory.generated_code_size_in_bytes), peak_bytes=int(memory.peak_memory_in_bytes),
+        flops=_number(cost.get("flops")), bytes_accessed=_number(cost.get("bytes accessed")),
+        collectives=hlo.collectives(text), kernels=hlo.custom_calls(text))
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def compile_ahead(program: Program, plan: ShardingPlan, topology: Topology, mode: str,
+                  dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
+    devices = topology_devices(topology)
+    if len(devices) != topology.chips:
+        raise BackendUnavailable(f"libtpu describes TPU topology {topology.jax_name!r} with {len(devices)} devices, "
+                                 f"not the {topology.chips} chips of --topology {topology.asked}")
+    cached = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        return compile_programs(build(program, plan, devices, mode), dump, which)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cached)
