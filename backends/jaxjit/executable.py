@@ -26,7 +26,7 @@ from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
 from xbridge.data.source import checked_batch
 from xbridge.errors import BackendUnavailable
 from xbridge.ir.program import Program
-from xbridge.ir.sharding import Spec
+from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 from xbridge.run.profile import STEP_MARK
 from xbridge.torch import remat as shared_remat
@@ -174,7 +174,8 @@ class JaxExecutable(JaxState, Probes, Profiling):
     def loss_of(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
         """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its
         attention calls routed to the kernel ``StepOptions(attention=...)`` forces (backends/jaxjit/attention.py)."""
-        with attention.routed(self.program.step.attention):
+        rows = tuple(spec_axes(self.plan.batch[:1]))      # the mesh axes the batch's rows are split over
+        with attention.routed(self.program.step.attention, mesh=self.mesh, batch_axes=rows):
             if not self.stacks:
                 return self.lowered(params, buffers, batch)
             assert self.scanner is not None

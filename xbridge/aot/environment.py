@@ -49,3 +49,6 @@ def prepare_process() -> None:
     if tpu_chips_on_this_machine() == 0:
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+        # compile-only: several processes may load libtpu at once (compare's rows, the tests); without this the
+        # second fails on libtpu's lock file (/tmp/libtpu_lockfile), which guards the chips there are none of
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
