@@ -73,6 +73,6 @@ def _model_flops(program: Program) -> int | None:
     from ..compare.flops import flops_per_step
 
     try:
-        return flops_per_step(program)
+        return flops_per_step(program, cpu=False)
     except Exception:   # noqa: BLE001 - a model the FLOP counter cannot run: the bound uses XLA's count alone
         return None

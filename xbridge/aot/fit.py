@@ -18,7 +18,8 @@ from ..planner import plan as make_plan
 from .record import CompiledProgram
 
 REMAT_BY_COST = ("none", "dots", "full")     # recomputation in the backward pass: none, the non-matmuls, all
-MAX_DOUBLINGS = 10
+MAX_DOUBLINGS = 20
+RESOLUTION = 8       # bisection stops within 1/8 of the batch found (or one step of the split)
 
 
 @dataclass
@@ -80,7 +81,7 @@ def search(program: Program, chips: int, hbm: int,
             bad = good * 2
             break
         good *= 2
-    while bad is not None and bad - good > unit:
+    while bad is not None and bad - good > max(unit, good // RESOLUTION):
         middle = good + (bad - good) // 2 // unit * unit
         if middle in (good, bad):
             break

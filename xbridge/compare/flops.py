@@ -15,14 +15,17 @@ from ..ir.program import Program
 from ..weights import meta_model
 
 
-def flops_per_step(program: Program, batch: dict[str, Any] | None = None) -> int:
+def flops_per_step(program: Program, batch: dict[str, Any] | None = None, cpu: bool = True) -> int:
     """The count on the meta device; where the model cannot run there (an operator whose meta function refuses
     the shapes or dtypes: transformers' grouped experts in fp32), on the CPU with the initial weights and one real
-    batch instead (the same count, at the cost of one forward and backward pass)."""
+    batch instead (the same count, at the cost of one forward and backward pass), unless ``cpu`` is False (xbridge
+    compile: a model sized for a TPU slice may not fit this machine), which raises the meta device's refusal."""
     batch = checked_batch(program.data, 0, program.seed) if batch is None else batch
     try:
         return _count(program, batch, "meta")
     except Exception:       # noqa: BLE001 - any refusal of the meta device: count on real tensors
+        if not cpu:
+            raise
         return _count(program, batch, "cpu")
 
 

@@ -52,9 +52,10 @@ def build_model(program: Program, weights: dict[str, np.ndarray] | None, device:
     """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype.
     ``weights=None``: the module keeps the values it was built with (a caller that feeds its parameters and buffers
     from elsewhere: jax)."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), (torch.device("meta") if device.type == "meta"
+                                             else contextlib.nullcontext()):
         torch.manual_seed(program.seed)
-        model = program.model()
+        model = program.model()     # on the meta device: built as shapes (xbridge compile), nothing initialised
     if weights is not None:
         state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
         model.load_state_dict(state, strict=True)
