@@ -27,11 +27,11 @@ fi
 echo "== xbridge setup: creating $VENV with $("$PY" --version) (about 3 GB to download on a fresh machine)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e ".[all,test]"
+"$VENV/bin/python" -m pip install --quiet -e ".[all,test,tpu-compile]"   # tpu-compile: libtpu, ~155 MB
 "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$TORCHAX"
 PJRT_DEVICE=CPU "$VENV/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "torch_xla", "jax", "optax", "torchax", "xbridge"):
+for name in ("torch", "torch_xla", "jax", "optax", "torchax", "libtpu", "xbridge"):
     module = importlib.import_module(name)
     print(f"   {name:10s} {getattr(module, '__version__', '?')}")
 PY

@@ -21,6 +21,7 @@ def test_wheel_layout_and_entry_points(tmp_path):
     (wheel,) = tmp_path.glob("xbridge-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "xbridge/backends/eager/__init__.py" in names and "xbridge/backends/eager/executable.py" in names
+    assert "xbridge/aot/compile.py" in names and "xbridge/backends/jaxjit/ahead_of_time.py" in names
     assert not [n for n in names if n.startswith(("backends/", "programs/", "tests/"))]
     top = {n.split("/")[0] for n in names}
     assert not top & {"jax", "torch_xla", "torchax", "torch", "backends"}
@@ -37,3 +38,5 @@ def test_pins_are_exact_and_explained():
     assert "torch_xla 2.9.0 is built against torch 2.9.x" in text
     assert "torchax==0.0.13" in (ROOT / "scripts" / "setup.sh").read_text()
     assert "installs torchax==0.0.13 in a later, separate step" in text
+    assert meta["tpu-compile"] == ["libtpu==0.0.22"] and "Mosaic IR version 8" in text
+    assert ".[all,test,tpu-compile]" in (ROOT / "scripts" / "setup.sh").read_text()
