@@ -243,3 +243,29 @@ def test_backends_says_jax_tpu_can_compile_here():
     assert proc.returncode == 0, proc.stderr
     row = next(r for r in json.loads(proc.stdout) if r["target"] == "jax-tpu")
     assert not row["available"] and "no TPU chip" in row["reason"] and "can compile" in row["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+def test_compare_gives_the_tpu_target_a_compile_only_row(tmp_path):
+    out = tmp_path / "cmp"
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--backends", "eager-cpu,jax-tpu", "--topology", "v5e-4",
+                   "--steps", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "results.json").read_text())
+    assert [row["target"] for row in record["targets"]] == ["eager-cpu"]       # measured: what ran here
+    (row,) = record["estimates"]
+    assert row["target"] == "jax-tpu" and row["estimate"] is True and row["status"] == "ok"
+    assert row["chips"] == 4 and row["fits"] and 0 < row["need_bytes"] < row["hbm_bytes"] == 16 * GIB
+    assert row["step_bound_ms"] > 0 and row["compile_s"] > 0
+    assert "jax-tpu" not in (out / "results.csv").read_text()                 # never among the measured columns
+    report = (out / "report.md").read_text()
+    assert "Compiled for TPU topology v5e-4 on this machine, not run (ESTIMATES" in report
+    assert "ESTIMATES" in proc.stdout
+
+
+@pytest.mark.cli
+def test_compare_topology_needs_a_target_to_compile():
+    proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--backends", "eager-cpu", "--topology", "v5e-4")
+    assert proc.returncode == 2
+    assert "--topology v5e-4: no target of --backends is compiled for it" in one_error_line(proc)

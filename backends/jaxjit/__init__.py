@@ -39,10 +39,10 @@ class JaxBackend(Backend, AheadOfTime):
         if device == "cpu":
             return None
         if device == "tpu":
-            from xbridge.aot.environment import tpu_chips_on_this_machine
+            from xbridge.aot.environment import compile_note, tpu_chips_on_this_machine
 
             if tpu_chips_on_this_machine() == 0:    # known without loading libtpu (which would print and wait)
-                return "no TPU chip on this machine's PCI bus" + _compile_note()
+                return "no TPU chip on this machine's PCI bus" + compile_note("jax-tpu")
         if not any(importlib.util.find_spec(m) for m in _PLATFORM_PLUGINS[device]):
             return (f"jax has no {device.upper()} runtime here (none of {', '.join(_PLATFORM_PLUGINS[device])} "
                     f"is installed; {_INSTALL_HINT[device]})")
@@ -143,14 +143,6 @@ class JaxBackend(Backend, AheadOfTime):
 
         patches.apply()     # torchax's autocast hook and operator table (patches.py), once per process
         return JaxExecutable(program, plan, target, options["sharding_mode"])
-
-
-def _compile_note() -> str:
-    from xbridge.aot.environment import INSTALL, libtpu_available
-
-    if libtpu_available():
-        return "; it can compile for one here: xbridge compile PROG --backend jax-tpu --topology v5e-8"
-    return f"; to compile for one here without running: {INSTALL}"
 
 
 def _requested_cpu_devices() -> int:

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 
-from xbridge.aot import hlo
+from xbridge.aot import measure
 from xbridge.aot.record import EVAL, INIT, TRAIN, CompiledProgram
 from xbridge.contract import Target
 from xbridge.data.source import checked_batch
-from xbridge.errors import BackendUnavailable, LoweringError
+from xbridge.errors import LoweringError
 from xbridge.weights import meta_model
 
 from . import step_builders
@@ -31,18 +30,6 @@ if TYPE_CHECKING:
     from xbridge.planner import ShardingPlan
 
     from .executable import JaxExecutable
-
-
-def topology_devices(topology: Topology) -> list[Any]:
-    """The slice's compile-only devices (every chip of every host, from this one process)."""
-    from jax.experimental import topologies
-
-    try:
-        found = topologies.get_topology_desc(**topology.jax_kwargs())  # type: ignore[arg-type]
-    except Exception as exc:        # libtpu refuses the name or cannot load: one line, with its reason
-        raise BackendUnavailable(f"libtpu could not describe TPU topology {topology.jax_name!r} "
-                                 f"(--topology {topology.asked}): {str(exc).strip().splitlines()[0]}") from None
-    return list(found.devices)
 
 
 def build(program: Program, plan: ShardingPlan, devices: list[Any], mode: str) -> JaxExecutable:
@@ -74,10 +61,11 @@ def compile_programs(ex: JaxExecutable, dump: Path | None, which: tuple[str, ...
                 EVAL: lambda: (step_builders.eval_step(ex), (state["params"], state["buffers"], batch)),
                 INIT: lambda: (jax.jit(ex.tx.init, out_shardings=ex.state_shardings["opt"]),
                                ({n: state["params"][n] for n in ex.trained_keys},))}
-    return [measure(ex, name, *programs[name](), dump) for name in which]
+    return [lower_and_compile(ex, name, *programs[name](), dump) for name in which]
 
 
-def measure(ex: JaxExecutable, name: str, fn: Any, args: tuple[Any, ...], dump: Path | None) -> CompiledProgram:
+def lower_and_compile(ex: JaxExecutable, name: str, fn: Any, args: tuple[Any, ...],
+                      dump: Path | None) -> CompiledProgram:
     """Lower and compile ``fn`` for the topology; the compiler's figures per chip."""
     start = time.perf_counter()
     try:
@@ -87,45 +75,22 @@ def measure(ex: JaxExecutable, name: str, fn: Any, args: tuple[Any, ...], dump: 
         raise LoweringError(f"jax could not lower the {name} of program {ex.program.name!r} for TPU: "
                             f"{str(exc).strip().splitlines()[0]}") from None
     lowered_s = time.perf_counter() - start
+    what = f"the {name} of program {ex.program.name!r}"
     start = time.perf_counter()
     try:
-        compiled = lowered.compile()
-    except Exception as exc:  # noqa: BLE001 - the compiler's refusal: out of memory is a result, the rest an error
-        refused = hlo.out_of_memory(str(exc))
-        if refused is None:
-            raise LoweringError(f"the TPU compiler refused the {name} of program {ex.program.name!r}: "
-                                f"{str(exc).strip().splitlines()[0]}") from None
-        return CompiledProgram(name, round(lowered_s, 3), round(time.perf_counter() - start, 3),
-                               refused=refused[0], refused_bytes=refused[1])
+        done = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 - out of memory is a result (measure.refused), the rest an error
+        return measure.refused(name, what, lowered_s, time.perf_counter() - start, exc)
     compile_s = time.perf_counter() - start
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
-    text = compiled.as_text()
+    text = done.as_text()
     if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
-        stem = name.replace(" ", "_")
-        (dump / f"{stem}.stablehlo.mlir").write_text(lowered.as_text())
-        (dump / f"{stem}.tpu.optimized.hlo.txt").write_text(text)
-    return CompiledProgram(
-        name, round(lowered_s, 3), round(compile_s, 3),
-        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
-        alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
-        code_bytes=int(memory.generated_code_size_in_bytes), peak_bytes=int(memory.peak_memory_in_bytes),
-        flops=_number(cost.get("flops")), bytes_accessed=_number(cost.get("bytes accessed")),
-        collectives=hlo.collectives(text), kernels=hlo.custom_calls(text))
-
-
-def _number(value: Any) -> float | None:
-    return None if value is None or not np.isfinite(value) else float(value)
+        measure.write_dump(dump, name, {"stablehlo.mlir": lowered.as_text(), "tpu.optimized.hlo.txt": text})
+    return measure.compiled(name, lowered_s, compile_s, done.memory_analysis(), done.cost_analysis(), text)
 
 
 def compile_ahead(program: Program, plan: ShardingPlan, topology: Topology, mode: str,
                   dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
-    devices = topology_devices(topology)
-    if len(devices) != topology.chips:
-        raise BackendUnavailable(f"libtpu describes TPU topology {topology.jax_name!r} with {len(devices)} devices, "
-                                 f"not the {topology.chips} chips of --topology {topology.asked}")
+    devices = measure.topology_devices(topology)
     cached = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
     jax.config.update("jax_enable_compilation_cache", False)
     try:

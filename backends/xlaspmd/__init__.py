@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xbridge.contract import Backend, BackendOption, Executable, Target
+from xbridge.contract.ahead_of_time import AheadOfTime
 from xbridge.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
+    from xbridge.aot.record import CompiledProgram
+    from xbridge.aot.topology import Topology
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
 # What a TPU VM has: the chips' device files (v4 and later: /dev/accel*, v5e and later through VFIO: /dev/vfio), or
@@ -32,7 +35,7 @@ def _remove_owned() -> None:
         Path(name).unlink(missing_ok=True)
 
 
-class XlaBackend(Backend):
+class XlaBackend(Backend, AheadOfTime):
     name = "xla"
     devices = ("tpu", "cpu")
     requires = ("torch_xla", "torch")
@@ -48,7 +51,10 @@ class XlaBackend(Backend):
 
     def device_reason(self, device: str) -> str | None:
         if device == "tpu" and not (any(Path(f).exists() for f in TPU_DEVICE_FILES) or os.environ.get("TPU_NAME")):
-            return "no TPU here (no /dev/accel* or /dev/vfio device, TPU_NAME unset): xla-tpu runs on a TPU VM"
+            from xbridge.aot.environment import compile_note
+
+            return ("no TPU here (no /dev/accel* or /dev/vfio device, TPU_NAME unset): xla-tpu runs on a TPU VM"
+                    + compile_note("xla-tpu"))
         return None
 
     def versions(self) -> dict[str, str]:
@@ -89,6 +95,21 @@ class XlaBackend(Backend):
                 if not _owned_files:
                     atexit.register(_remove_owned)
                 _owned_files.append(name)   # ours: removed when the process exits
+
+    def compile_ahead(self, program: Program, plan: ShardingPlan, topology: Topology, options: dict[str, str],
+                      dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
+        """The steady-state train step (and the evaluation) torch_xla builds, traced on N virtual CPU devices in a
+        process of its own and compiled for ``topology`` by libtpu's compile-only client in another, with torch_xla's
+        compile options and libtpu flags (ahead_of_time.py). No initialisation: torch_xla has no program for it."""
+        from . import ahead_of_time
+
+        return ahead_of_time.compile_ahead(program, plan, topology, options["xla_mode"], dump, which)
+
+    def compiler_versions(self) -> dict[str, str]:
+        from xbridge.aot.environment import libtpu_version
+
+        return {**self.versions(), "jax": importlib.metadata.version("jax"),
+                "libtpu": libtpu_version() or "(TPU_LIBRARY_PATH)"}
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
         from . import patches

@@ -52,3 +52,10 @@ def prepare_process() -> None:
         # compile-only: several processes may load libtpu at once (compare's rows, the tests); without this the
         # second fails on libtpu's lock file (/tmp/libtpu_lockfile), which guards the chips there are none of
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def compile_note(target: str) -> str:
+    """What ``xbridge backends`` adds to a TPU target's "not here": that it can still be compiled for, or how."""
+    if libtpu_available():
+        return f"; it can compile for one here: xbridge compile PROG --backend {target} --topology v5e-8"
+    return f"; to compile for one here without running: {INSTALL}"

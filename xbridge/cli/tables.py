@@ -156,8 +156,28 @@ def print_compare(record: CompareRecord) -> None:
     peaks = {row.finished.peak_source for row in record.targets if row.status == "ok"}
     for source in sorted(peaks):
         console.print(f"peak: {escape(source)}")
+    if record.estimates:
+        print_estimates(record)
     for path in record.written or []:
         console.print(f"wrote {escape(path)}")
+
+
+def print_estimates(record: CompareRecord) -> None:
+    """compare --topology's compile-only rows, in a table of their own: compiled here, never run."""
+    table = Table(title=f"compiled for TPU topology {record.options.topology} here, not run: ESTIMATES (bytes and "
+                        "compile time from the TPU compiler; step time a roofline lower bound, MFU its ceiling)")
+    for col in ("target", "status", "chips", "compile s", "needs / chip", "HBM / chip", "fits", "step >= ms",
+                "MFU ceiling"):
+        table.add_column(col, justify="left" if col in ("target", "status") else "right")
+    for e in record.estimates:
+        if e.status != "ok":
+            table.add_row(e.target, f"[red]{e.status}[/]", escape(e.error_line), *[""] * 6)
+            continue
+        table.add_row(e.target, "[green]compiled[/]", str(e.chips), f"{e.compile_s:.1f}",
+                      _bytes(e.need_bytes or 0), _bytes(e.hbm_bytes or 0), "yes" if e.fits else "[red]no[/]",
+                      "-" if e.step_bound_ms is None else f"{e.step_bound_ms:.3f}",
+                      "-" if e.mfu_ceiling is None else f"{100 * e.mfu_ceiling:.1f}%")
+    console.print(table)
 
 
 def print_parity(record: ParityRecord) -> None:

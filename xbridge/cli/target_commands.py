@@ -81,6 +81,9 @@ def compare(
     reference: str = REFERENCE_OPTION,
     tensorboard: Path | None = TENSORBOARD,
     profile: str | None = PROFILE,
+    topology: str | None = typer.Option(None, "--topology", help="Compile the targets of --backends this machine "
+                                        "cannot run (jax-tpu) for this TPU slice (e.g. v5e-8) instead: a "
+                                        "compile-only row of estimates, apart from the measured ones."),
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
     format: Format = FORMAT,
@@ -98,7 +101,8 @@ def compare(
         ProfileSpec.parse(profile, steps)
     over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
-                 remat=remat, attention=attention, tensorboard=tensorboard, profile=profile, processes=processes)
+                 remat=remat, attention=attention, tensorboard=tensorboard, profile=profile, processes=processes,
+                 topology=topology)
 
 
 

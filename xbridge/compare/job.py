@@ -107,10 +107,12 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     ``progress(target, status)`` is called as each target ends."""
     from ..run.provenance import provenance
     from ..run.summary import machine
+    from .estimates import compile_only, estimate
     from .flops import flops_per_step
 
     reference = resolve_reference(options.reference)
-    targets = resolve_targets(options.targets, reference)
+    compiled = compile_only(options.targets or [], options.topology)
+    targets = resolve_targets([t for t in options.targets or [] if t not in compiled] or None, reference)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for target in targets:
@@ -118,6 +120,12 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         runs.append(run)
         if progress is not None:
             progress(target, run.status)
+    estimates = []
+    for entry in compiled:
+        assert options.topology is not None
+        estimates.append(estimate(program_ref, entry, options.topology, options.child(), out / "compiled"))
+        if progress is not None:
+            progress(entry, estimates[-1].status)
     flops = flops_per_step(program)
     metrics = metrics_of(program, runs, flops, reference)
     rows = []
@@ -130,6 +138,6 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         config_hash=program.config_hash, precision=program.precision.name, machine=machine(),
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), options=options, flops_per_step=flops,
         reference=reference, loss_limit=policy.tolerance(program.precision).loss_rtol,
-        provenance=provenance(program), targets=rows)
+        provenance=provenance(program), targets=rows, estimates=estimates)
     record.written = [str(p) for p in write_outputs(out, record)]
     return record

@@ -28,6 +28,7 @@ class CompareOptions:
     tensorboard: Path | None = None   # --tensorboard DIR: each target's scalars under DIR/<target>
     profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
     processes: int = 1                # --processes: jax targets as this many processes of ``devices`` each
+    topology: str | None = None       # --topology: targets not here (jax-tpu) compiled for this TPU slice instead
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -35,6 +36,10 @@ class CompareOptions:
         if self.steps < 2 or not 0 < self.warmup < self.steps:
             raise ConfigError(f"compare needs --steps >= 2 and 0 < --warmup < --steps, got {self.steps} and "
                               f"{self.warmup}")
+        if self.topology is not None:
+            from ..aot.topology import parse_topology
+
+            parse_topology(self.topology)       # a bad name: one line before anything runs
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..run.record import RunRecord
+from .estimates import EstimateRow
 from .options import CompareOptions
 
 
@@ -109,17 +110,19 @@ class CompareRecord:
     loss_limit: float                # the parity policy's loss tolerance for the precision
     provenance: dict[str, Any]       # command line, program file, its git commit/dirty
     targets: list[CompareRow]
+    estimates: list[EstimateRow] = dataclasses.field(default_factory=list)   # compile-only rows (--topology)
     written: list[str] | None = None     # the files written under --out (not in results.json itself)
 
     @property
     def passed(self) -> bool:
-        """Every target finished."""
-        return all(row.status == "ok" for row in self.targets)
+        """Every target finished, and every compile-only one compiled."""
+        return all(row.status == "ok" for row in self.targets) and all(e.status == "ok" for e in self.estimates)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["options"] = self.options.to_json()
         data["targets"] = [row.to_json() for row in self.targets]
+        data["estimates"] = [row.to_json() for row in self.estimates]
         if self.written is None:
             del data["written"]
         return data
@@ -129,4 +132,5 @@ class CompareRecord:
         values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         values["options"] = CompareOptions.from_json(data["options"])
         values["targets"] = [CompareRow.from_json(row) for row in data["targets"]]
+        values["estimates"] = [EstimateRow.from_json(row) for row in data.get("estimates", [])]
         return cls(**values)

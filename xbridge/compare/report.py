@@ -15,6 +15,28 @@ def _num(value: Any, spec: str, unit: str = "") -> str:
     return "-" if value is None or value != value else f"{value:{spec}}{unit}"     # None and NaN: "-"
 
 
+def estimates_section(record: CompareRecord) -> list[str]:
+    """The compile-only rows (--topology): compiled for a TPU slice here, nothing run; apart from the measured."""
+    if not record.estimates:
+        return []
+    lines = ["", f"Compiled for TPU topology {record.options.topology} on this machine, not run (ESTIMATES: the "
+                 "bytes and compile time are the TPU compiler's; the step time is a roofline lower bound from "
+                 "datasheet peaks, the MFU the ceiling it implies):", "",
+             "| target | status | chips | compile s | train step needs per chip | HBM per chip | fits | "
+             "step >= ms (estimate) | MFU ceiling (estimate) |", "|" + " --- |" * 9]
+
+    def gib(n: int | None) -> str:
+        return "-" if n is None else f"{n / 2 ** 30:.2f} GiB"
+
+    for e in record.estimates:
+        fits = "-" if e.fits is None else ("yes" if e.fits else "**no**")
+        lines.append(f"| {e.target} | {e.status} | {_num(e.chips, 'd')} | {_num(e.compile_s, '.1f')} | "
+                     f"{gib(e.need_bytes)} | {gib(e.hbm_bytes)} | {fits} | {_num(e.step_bound_ms, '.3f')} | "
+                     f"{_num(None if e.mfu_ceiling is None else 100 * e.mfu_ceiling, '.1f', '%')} |")
+    lines += [f"- {e.target}: {e.error_line}" for e in record.estimates if e.status != "ok"]
+    return lines
+
+
 def render(record: CompareRecord) -> str:
     options = record.options
     machine = record.machine
@@ -67,6 +89,7 @@ def render(record: CompareRecord) -> str:
                       f"(trace: `{profile['traces'][0] if profile['traces'] else '-'}`)", "",
                   "| operation | total ms | calls |", "| --- | --- | --- |"]
         lines += [f"| `{op['name'][:80]}` | {op['total_ms']:.2f} | {op['calls']} |" for op in profile["top_ops"][:8]]
+    lines += estimates_section(record)
     if failures:
         lines += ["", "Failed targets:"]
         lines += [f"- {target}: {error}" for target, error in failures]
