@@ -269,3 +269,14 @@ def test_compare_topology_needs_a_target_to_compile():
     proc = run_cli("compare", str(PROGRAMS / "mlp.py"), "--backends", "eager-cpu", "--topology", "v5e-4")
     assert proc.returncode == 2
     assert "--topology v5e-4: no target of --backends is compiled for it" in one_error_line(proc)
+
+
+@pytest.mark.cli
+def test_jax_cpu_runs_never_load_libtpu():
+    """libtpu installed (for xbridge compile) is never loaded by a CPU run: no TPU warnings on its stderr."""
+    import importlib.util
+
+    assert importlib.util.find_spec("libtpu") is not None     # installed by make setup (the tpu-compile extra)
+    proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--steps", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "TPU" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr

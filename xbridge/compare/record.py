@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..run.isolated import TargetRun
 from ..run.record import RunRecord
 from .estimates import EstimateRow
 from .options import CompareOptions
@@ -50,16 +51,10 @@ class TargetMetrics:
 
 
 @dataclass
-class CompareRow:
+class CompareRow(TargetRun):
     """One target: how its process ended (xbridge/run/isolated.py's TargetRun), and when it finished, its run
     record, the derived metrics and its per-step losses."""
 
-    target: str
-    devices: int
-    command: list[str]
-    status: str                      # ok, failed, timeout
-    error: str | None = None         # first line: why; then the tail of its stderr
-    result: RunRecord | None = None
     metrics: TargetMetrics | None = None
     losses: list[float] | None = None
 
@@ -75,12 +70,7 @@ class CompareRow:
         return self.metrics
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"target": self.target, "devices": self.devices, "command": self.command,
-                                "status": self.status}
-        if self.error is not None:
-            data["error"] = self.error
-        if self.result is not None:
-            data["result"] = self.result.to_json()
+        data = super().to_json()
         if self.metrics is not None:
             data["metrics"] = self.metrics.to_json()
         if self.losses is not None:
