@@ -210,7 +210,7 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--precision", "params=float8"], "precision 'params=float8' lacks compute"),
     # targets
     (["run", MLP, "--backend", "tpu-jax"], "unknown target 'tpu-jax'; known targets: eager-cpu, "),
-    (["run", MLP, "--backend", "jax-tpu"], "target jax-tpu is unavailable: jax has no TPU runtime here"),
+    (["run", MLP, "--backend", "jax-tpu"], "target jax-tpu is unavailable: no TPU chip on this machine's PCI bus"),
     (["run", MLP, "--backend", "xla-cuda"], "target xla-cuda is unavailable: torch_xla 2.9 has no CUDA support"),
     (["run", MLP, "--devices", "4"], "target eager-cpu has 1 device(s) here, but --devices 4"),
     (["parity", MLP, "--backends", "nope-cpu"], "unknown target 'nope-cpu'"),

@@ -69,17 +69,28 @@ def test_xla_tpu_is_found_by_its_device_files_or_tpu_name(tmp_path, monkeypatch)
     assert backend.device_reason("cpu") is None
 
 
-def test_jax_tpu_with_libtpu_but_no_chip_says_what_jax_said(monkeypatch):
-    """libtpu installed on a machine without a TPU: JAX's own refusal, first line, not a crash."""
+def test_jax_tpu_reasons_with_and_without_a_chip_and_libtpu(monkeypatch):
+    """No TPU chip on the PCI bus: said without loading libtpu, with the compile route (libtpu installed) or how to
+    get it; a chip but no libtpu: the install hint; a chip and libtpu but a runtime that fails: JAX's own refusal,
+    first line, not a crash."""
+    from xbridge.aot import environment
     from xbridge.backends import jaxjit
 
     real = importlib.util.find_spec
+    reason = jaxjit.JaxBackend().device_reason("tpu")
+    assert reason == ("no TPU chip on this machine's PCI bus; it can compile for one here: xbridge compile PROG "
+                      "--backend jax-tpu --topology v5e-8")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    assert jaxjit.JaxBackend().device_reason("tpu") == (
+        "no TPU chip on this machine's PCI bus; to compile for one here without running: pip install "
+        "'xbridge[tpu-compile]' (make setup installs it)")
+    monkeypatch.setattr(environment, "tpu_chips_on_this_machine", lambda: 4)      # a TPU VM's PCI bus
+    assert jaxjit.JaxBackend().device_reason("tpu") == ("jax has no TPU runtime here (none of libtpu is installed; "
+                                                        "pip install 'jax[tpu]' on a TPU VM)")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))
     reason = jaxjit.JaxBackend().device_reason("tpu")
     assert reason is not None and reason.startswith("jax found no tpu device: "), reason
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    assert jaxjit.JaxBackend().device_reason("tpu") == ("jax has no TPU runtime here (none of libtpu is installed; "
-                                                        "pip install 'jax[tpu]' on a TPU VM)")
 
 
 def test_torch_xla_on_tpu_keeps_a_persistent_cache_and_on_cpu_none(tmp_path, monkeypatch):
