@@ -57,6 +57,9 @@ def _resource_error(exc: OSError) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     run_command.COMMAND_LINE[:] = list(argv) if argv is not None else sys.argv[1:]
+    from ..run import framework_noise
+
+    framework_noise.silence()
     debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
     try:
         code = app(args=argv, prog_name="xbridge", standalone_mode=False)

@@ -1,0 +1,39 @@
+"""Framework warnings that say nothing to an xbridge user are dropped, and only those (xbridge/run/framework_noise.py).
+Each check runs the framework's own code path in a fresh interpreter, first without the filter (the warning is
+there), then with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+TORCH_XLA = "import torch_xla.runtime as xr; print(xr.device_type())"   # what transformers' availability check does
+
+
+def _stderr(code: str, silenced: bool) -> str:
+    prefix = "from xbridge.run import framework_noise; framework_noise.silence()\n" if silenced else ""
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
+    proc = subprocess.run([sys.executable, "-c", prefix + code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.slow
+def test_torch_xlas_default_device_warning_is_dropped():
+    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
+    assert "Defaulting to PJRT_DEVICE=CPU" in _stderr(TORCH_XLA, silenced=False)
+    assert "Defaulting to PJRT_DEVICE=CPU" not in _stderr(TORCH_XLA, silenced=True)
+
+
+def test_only_the_listed_messages_are_dropped():
+    code = ("import logging\nlogging.warning('Defaulting to PJRT_DEVICE=CPU')\nlogging.warning('kept: root')\n"
+            "log = logging.getLogger('torch.utils.cpp_extension')\n"
+            "log.warning(\"No CUDA runtime is found, using CUDA_HOME='%s'\", '/usr/local/cuda')\n"
+            "log.warning('kept: cpp_extension')\n")
+    quiet = _stderr(code, silenced=True)
+    assert "Defaulting" not in quiet and "No CUDA runtime" not in quiet
+    assert "kept: root" in quiet and "kept: cpp_extension" in quiet
+    assert "No CUDA runtime is found" in _stderr(code, silenced=False)
