@@ -102,3 +102,20 @@ def test_first_divergence_names_the_first_deviating_module_in_reference_order():
     name, value = first_divergence(ref, got, 1e-5)
     assert name == "drop" and value == pytest.approx(0.1)
     assert first_divergence(ref, {"fc1": np.ones(4)}, 1e-5) == ("drop", float("inf"))
+
+
+def test_in_fp32_a_key_bias_is_judged_against_the_references_own_noise_and_a_skewed_one_still_fails():
+    """fp32 (docs/parity.md, "Parameters with no true gradient"): the reference from one ulp apart is 2.8e-4 (of
+    the floor) from itself on a key bias; a target 3.3e-4 away passes, one skewed by 10x that noise fails."""
+    tol = policy.tolerance("fp32")
+    rng = np.random.default_rng(2)
+    ref = {"w": rng.normal(0, 0.1, (16, 8)), "k.bias": rng.normal(0, 1e-4, 8)}
+    sign = rng.choice([-1.0, 1.0], 8)
+    noise = policy.QuietNoise({"w": ref["w"], "k.bias": ref["k.bias"] + sign * 2.8e-4 * policy.PARAM_SCALE_FLOOR},
+                              {"k.bias": np.ones(8, bool)}, {"k.bias": "key bias"})
+    moved = lambda rel: {"w": ref["w"], "k.bias": ref["k.bias"] - sign * rel * policy.PARAM_SCALE_FLOOR}  # noqa: E731
+    assert not policy.param_deviation(ref, moved(3.3e-4), tol).ok
+    dev = policy.param_deviation(ref, moved(3.3e-4), tol, noise=noise)
+    assert dev.ok and dev.limit == pytest.approx(policy.NOISE_FACTOR * 2.8e-4) and "key bias; within" in dev.note
+    dev = policy.param_deviation(ref, moved(10 * 2.8e-4), tol, noise=noise)
+    assert not dev.ok and dev.where == "k.bias" and "beyond" in dev.note

@@ -212,7 +212,8 @@ def print_parity(record: ParityRecord) -> None:
                  + (f", limit {c.loss_limit:.2g}" if c.loss_limit > tol.loss_rtol else ""),
                  "-" if c.first_failing_step is None else str(c.first_failing_step),
                  f"{c.max_param_dev:.2e} ({escape(c.max_param_dev_at)})"
-                 + (f", limit {c.param_limit:.2g}" if c.param_limit > tol.param_rtol else "")]
+                 + (f", limit {c.param_limit:.2g}" if c.param_limit > tol.param_rtol else "")
+                 + (f": {escape(c.param_note)}" if c.param_note else "")]
         if evals:
             cells.append(f"{c.max_eval_loss_dev:.2e} ({c.max_eval_loss_dev_at})" if c.max_eval_loss_dev is not None
                          else "-")

@@ -30,11 +30,13 @@ from ..run.isolated import (
     resolve_targets,
     run_target,
 )
+from . import noise as quiet
 from . import policy
 from .divergence import first_divergence
 from .record import (
     DivergentModule,
     Fp32Reference,
+    NoiseReference,
     ParityCheck,
     ParityRecord,
     ParityReference,
@@ -170,6 +172,61 @@ def split_cause(program: Program, weights: dict[str, np.ndarray], devices: int, 
             "(docs/programs.md)")
 
 
+@dataclass
+class Judged:
+    """One finished target against the reference: each measure with its limit."""
+
+    loss: policy.Deviation
+    params: policy.Deviation
+    evals: policy.Deviation | None
+    dtypes: str | None          # the matmul dtypes' mismatch, None when they agree
+
+    @property
+    def ok(self) -> bool:
+        return self.loss.ok and self.params.ok and (self.evals is None or self.evals.ok) and self.dtypes is None
+
+    @property
+    def params_alone(self) -> bool:
+        """Fails on the parameters while everything else holds: what the reference's own noise may explain."""
+        return not self.params.ok and self.loss.ok and (self.evals is None or self.evals.ok) and self.dtypes is None
+
+
+def _judge(ref: TargetOutcome, row: TargetOutcome, tol: policy.Tolerance, fp32: TargetOutcome | None,
+           noise: policy.QuietNoise | None) -> Judged:
+    if row.run.result is None or row.state is None or ref.state is None:
+        never = policy.Deviation(float("inf"), "no result", 0.0)
+        return Judged(never, never, None, None)
+    loss = policy.loss_deviation(ref.losses, row.losses, tol, fp32.losses if fp32 else None)
+    params = policy.param_deviation(ref.state, row.state, tol, fp32.state if fp32 else None, noise)
+    evals = (policy.loss_deviation(ref.eval_losses, row.eval_losses, tol, fp32.eval_losses if fp32 else None)
+             if ref.eval_losses else None)
+    return Judged(loss, params, evals, policy.matmul_dtype_mismatch(ref.matmul_dtypes, row.matmul_dtypes))
+
+
+NOISE_RUN = "the reference again from initial weights one ulp apart"
+
+
+def quiet_noise(program_ref: str, program: Program, reference: str, options: ParityOptions, out: Path,
+                weights: dict[str, np.ndarray], progress: Callable[[str, str], None] | None = None,
+                ) -> tuple[policy.QuietNoise | None, NoiseReference]:
+    """fp32, when a target fails on its parameters alone: the reference's own noise on the elements with no true
+    gradient (xbridge/parity/noise.py): one more reference run, from initial weights one ulp apart, and step 0's
+    gradient in this process. None (nothing lent) when either cannot be had."""
+    shifted = write_npz(out / "initial_weights_ulp.npz", quiet.ulp_weights(weights))
+    run = _run(program_ref, reference, options, out, shifted, options.precision, "reference-noise")
+    if progress:
+        progress(f"{reference} (own noise)", run.run.status)
+    try:
+        masks = quiet.quiet_elements(program, weights)
+    except Exception as exc:  # an explanation only: a model it cannot run keeps the bounds as they are
+        return None, NoiseReference(NOISE_RUN, run.run.status, {}, f"step 0's gradient: {exc}".splitlines()[0])
+    kinds = {name: quiet.kind(name, mask) for name, mask in masks.items()}
+    found = {name: kinds[name] or f"{int(mask.sum())} of {mask.size} elements" for name, mask in masks.items()}
+    if run.state is None:
+        return None, NoiseReference(NOISE_RUN, run.run.status, found, (run.run.error or "").splitlines()[0] or None)
+    return policy.QuietNoise(run.state, masks, kinds), NoiseReference(NOISE_RUN, run.run.status, found)
+
+
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
            progress: Callable[[str, str], None] | None = None) -> ParityRecord:
     """Run the reference and every target from the same weights; return the verdicts (also written to
@@ -204,6 +261,11 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         fp32 = pending["reference-fp32"].result() if "reference-fp32" in pending else None
         finished = {target: pending[target].result() for target in targets}
     tol = policy.tolerance(program.precision)
+    ok32 = fp32 if fp32 is not None and fp32.run.result is not None and fp32.state is not None else None
+    noise: policy.QuietNoise | None = None
+    noise_record: NoiseReference | None = None
+    if fp32 is None and any(_judge(ref, finished[t], tol, None, None).params_alone for t in targets):
+        noise, noise_record = quiet_noise(program_ref, program, reference, options, out, weights, progress)
     rows = []
     checked: dict[str, str | None] = {}
     for target in targets:
@@ -211,20 +273,16 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         if row.run.result is None or row.state is None:
             entry = ParityRow(target, row.run.status, row.run.devices, "error", error=row.run.error)
         else:
-            assert ref.state is not None
-            ok32 = fp32 if fp32 is not None and fp32.run.result is not None and fp32.state is not None else None
-            loss = policy.loss_deviation(ref.losses, row.losses, tol, ok32.losses if ok32 else None)
-            params = policy.param_deviation(ref.state, row.state, tol, ok32.state if ok32 else None)
+            judged = _judge(ref, row, tol, ok32, noise)
+            loss, params, evals, dtypes = judged.loss, judged.params, judged.evals, judged.dtypes
             failing = (np.flatnonzero(~(policy.relative_steps(ref.losses, row.losses) <= loss.limit))
                        if len(row.losses) == len(ref.losses) else np.array([0]))
-            evals = (policy.loss_deviation(ref.eval_losses, row.eval_losses, tol, ok32.eval_losses if ok32 else None)
-                     if ref.eval_losses else None)
-            dtypes = policy.matmul_dtype_mismatch(ref.matmul_dtypes, row.matmul_dtypes)
             check = ParityCheck(
                 max_loss_dev=loss.value, max_loss_dev_at=loss.where, loss_limit=loss.limit,
                 first_failing_step=int(failing[0]) if failing.size else None,
                 max_param_dev=params.value, max_param_dev_at=params.where, param_limit=params.limit,
-                losses=row.losses, recompiles=row.run.result.summary.recompiles_after_warmup)
+                losses=row.losses, recompiles=row.run.result.summary.recompiles_after_warmup,
+                param_note=params.note or None)
             if census:
                 check.census, check.matmul_dtypes, check.matmul_dtypes_mismatch = True, row.matmul_dtypes, dtypes
             if evals is not None:    # the eval losses, under the same limit (index i: the i-th evaluation)
@@ -236,7 +294,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 found = first_divergence(ref.trace, row.trace, tol.loss_rtol)
                 check.bisected = True
                 check.first_divergent_module = None if found is None else DivergentModule(*found)
-            verdict = "pass" if loss.ok and params.ok and (evals is None or evals.ok) and dtypes is None else "FAIL"
+            verdict = "pass" if judged.ok else "FAIL"
             entry = ParityRow(target, row.run.status, row.run.devices, verdict, check=check)
             if draws and verdict == "FAIL":
                 entry.cause = random_cause(draws)
@@ -257,6 +315,6 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         reference_fp32=None if fp32 is None else Fp32Reference(fp32.run.status,
                                                                fp32.losses if fp32.run.result else None),
         targets=rows, passed=all(r.verdict == "pass" for r in rows), rng=program.step.rng,
-        random_draws=[RandomDraw(module, op) for module, op in draws])
+        random_draws=[RandomDraw(module, op) for module, op in draws], reference_noise=noise_record)
     write_json(out / "parity.json", record.to_json())
     return record

@@ -12,6 +12,11 @@ ResNet) drifts as a whole. Parity measures that noise instead of guessing it: th
 fp32, and a tensor's limit is ``max(param_rtol, NOISE_FACTOR x`` its own deviation between the two references``)``,
 the loss's ``max(loss_rtol, NOISE_FACTOR x`` the references' largest step deviation``)``: a target may be about as
 far from eager-in-bf16 as eager-in-bf16 is from eager-in-fp32; where the reference is not noisy the limits stay.
+
+In fp32 the same holds for the elements with no true gradient (:class:`QuietNoise`, xbridge/parity/noise.py): the
+reference's noise there is measured by running it again from initial weights one ulp apart, and those elements, and
+only those, are judged against ``max(param_rtol, NOISE_FACTOR x`` their own noise``)``; the rest of the tensor, every
+other tensor and the loss keep their bounds.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class Deviation:
     value: float
     where: str      # the step (losses) or the parameter name (parameters)
     limit: float
+    note: str = ""  # why the limit is what it is, when the reference's own noise set it (fp32: QuietNoise)
 
     @property
     def ok(self) -> bool:
@@ -126,10 +132,48 @@ def tensor_deviations(reference: dict[str, np.ndarray], params: dict[str, np.nda
     return out
 
 
+@dataclass(frozen=True)
+class QuietNoise:
+    """fp32: the reference's own noise on the elements with no true gradient (xbridge/parity/noise.py)."""
+
+    state: dict[str, np.ndarray]     # the reference's final state from initial weights one ulp apart
+    quiet: dict[str, np.ndarray]     # per tensor with any: its elements whose step-0 gradient is ~0 (boolean mask)
+    kinds: dict[str, str]            # per such tensor: what they are where it can be told ("key bias"), else ""
+
+
+def _quiet_parts(name: str, ref: np.ndarray, got: np.ndarray, noise: QuietNoise,
+                 tol: Tolerance) -> list[Deviation] | None:
+    """A tensor with elements of no true gradient, split in two: those elements against NOISE_FACTOR x the
+    reference's own noise on them, the rest against the bound (each part: its share of the tensor's measure, so the
+    two parts' squares sum to the whole's). None where the noise lends nothing (the tensor is judged whole)."""
+    mask, other = noise.quiet.get(name), noise.state.get(name)
+    if mask is None or other is None or mask.shape != ref.shape or other.shape != ref.shape or not ref.size:
+        return None
+    ref64 = ref.astype(np.float64)
+    scale = max(float(np.sqrt(np.mean(ref64 ** 2))), PARAM_SCALE_FLOOR)
+
+    def part(array: np.ndarray, where: np.ndarray) -> float:
+        value = float(np.sqrt(np.sum((array.astype(np.float64) - ref64)[where] ** 2) / ref.size)) / scale
+        return value if np.isfinite(value) else float("inf")
+
+    own = part(other, mask)
+    limit = NOISE_FACTOR * own
+    if not limit > tol.param_rtol:
+        return None
+    quiet = part(got, mask)
+    what = noise.kinds.get(name) or (f"{int(mask.sum())} of {mask.size} elements" if not mask.all() else "")
+    note = (f"true gradient ~0{': ' + what if what else ''}; {'within' if quiet <= limit else 'beyond'} "
+            f"{NOISE_FACTOR:g}x the reference's own noise ({own:.1e})")
+    return [Deviation(quiet, name, limit, note), Deviation(part(got, ~mask), name, tol.param_rtol)]
+
+
 def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarray], tol: Tolerance,
-                    reference_fp32: dict[str, np.ndarray] | None = None) -> Deviation:
+                    reference_fp32: dict[str, np.ndarray] | None = None,
+                    noise: QuietNoise | None = None) -> Deviation:
     """The tensor farthest beyond its limit (``value`` and ``limit`` are that tensor's). ``reference_fp32``: the
-    reference's own run in fp32, which sets each tensor's noise allowance (module docstring)."""
+    reference's own run in fp32, which sets each tensor's noise allowance (module docstring). ``noise`` (fp32): the
+    reference's own noise on the elements with no true gradient; a tensor holding such elements is judged in two
+    parts, and the part that sets its verdict is reported."""
     missing = sorted(set(reference) ^ set(params))
     if missing:
         return Deviation(float("inf"), f"names differ: {missing[:3]}", tol.param_rtol)
@@ -142,12 +186,13 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
                 return Deviation(float("inf"), f"{name}: {got.ravel()[:4].tolist()} vs {ref.ravel()[:4].tolist()}",
                                  tol.param_rtol)
     values = tensor_deviations(reference, params)
-    noise = tensor_deviations(reference, reference_fp32) if reference_fp32 is not None else {}
+    own = tensor_deviations(reference, reference_fp32) if reference_fp32 is not None else {}
     worst: Deviation | None = None
     for name, value in values.items():
-        limit = max(tol.param_rtol, NOISE_FACTOR * noise.get(name, 0.0))
-        if worst is None or value / limit > worst.value / worst.limit:
-            worst = Deviation(value, name, limit)
+        parts = _quiet_parts(name, reference[name], params[name], noise, tol) if noise is not None else None
+        for dev in parts or [Deviation(value, name, max(tol.param_rtol, NOISE_FACTOR * own.get(name, 0.0)))]:
+            if worst is None or dev.value / dev.limit > worst.value / worst.limit:
+                worst = dev
     return worst or Deviation(0.0, "", tol.param_rtol)
 
 

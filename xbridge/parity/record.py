@@ -43,6 +43,9 @@ class ParityCheck:
     fp32_max_loss_dev: float | None = None     # against the reference's fp32 run, when it finished
     bisected: bool = False               # --bisect with both traces: first_divergent_module was looked for
     first_divergent_module: DivergentModule | None = None     # None: every module agrees
+    param_note: str | None = None        # the parameter's limit came from the reference's own noise (fp32: its
+                                         # elements with no true gradient), and what they are
+
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -61,6 +64,8 @@ class ParityCheck:
         if self.bisected:
             found = self.first_divergent_module
             data["first_divergent_module"] = None if found is None else dataclasses.asdict(found)
+        if self.param_note is not None:
+            data["max_param_dev_note"] = self.param_note
         return data
 
     @classmethod
@@ -74,7 +79,8 @@ class ParityCheck:
                    max_eval_loss_dev_at=data.get("max_eval_loss_dev_at"), eval_losses=data.get("eval_losses"),
                    fp32_max_loss_dev=data.get("fp32_max_loss_dev"),
                    bisected="first_divergent_module" in data,
-                   first_divergent_module=None if found is None else DivergentModule(**found))
+                   first_divergent_module=None if found is None else DivergentModule(**found),
+                   param_note=data.get("max_param_dev_note"))
 
 
 @dataclass
@@ -153,6 +159,17 @@ class Fp32Reference:
 
 
 @dataclass
+class NoiseReference:
+    """fp32, run only when a target failed on its parameters alone: the reference's own noise on the elements with
+    no true gradient (xbridge/parity/noise.py)."""
+
+    run: str                             # how the reference was run again
+    status: str                          # that run's status (ok, failed, timeout)
+    quiet: dict[str, str]                # per tensor with elements of no true gradient: what they are
+    error: str | None = None             # why nothing was lent (the run or step 0's gradient failed)
+
+
+@dataclass
 class RandomDraw:
     """A random draw of one training forward (found on the meta device before anything runs)."""
 
@@ -176,6 +193,7 @@ class ParityRecord:
     passed: bool                     # every target's verdict is pass
     rng: str                         # where the forward's random draws came from (native, portable)
     random_draws: list[RandomDraw]
+    reference_noise: NoiseReference | None = None    # fp32: measured only when a target failed on parameters alone
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -184,6 +202,10 @@ class ParityRecord:
         data["reference_fp32"] = None if self.reference_fp32 is None else dataclasses.asdict(self.reference_fp32)
         data["targets"] = [row.to_json() for row in self.targets]
         data["random_draws"] = [dataclasses.asdict(draw) for draw in self.random_draws]
+        if self.reference_noise is None:
+            del data["reference_noise"]
+        else:
+            data["reference_noise"] = dataclasses.asdict(self.reference_noise)
         return data
 
     @classmethod
@@ -196,4 +218,6 @@ class ParityRecord:
         values["reference_fp32"] = None if fp32 is None else Fp32Reference(**fp32)
         values["targets"] = [ParityRow.from_json(row) for row in data["targets"]]
         values["random_draws"] = [RandomDraw(**draw) for draw in data.get("random_draws", [])]
+        noise = data.get("reference_noise")
+        values["reference_noise"] = None if noise is None else NoiseReference(**noise)
         return cls(**values)
