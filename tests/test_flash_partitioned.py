@@ -164,11 +164,9 @@ def test_the_wrapped_kernel_compiles_for_a_tpu_topology():
 
     mesh = _mesh(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
     args, kwargs = _inputs("bool_mask", mesh)
-    cached = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
+    from xbridge.aot.measure import no_persistent_cache
+
+    with no_persistent_cache():      # a compile-only executable cannot be stored in it
         compiled = jax.jit(_forward_and_backward(_through_torch(mesh, **kwargs), "forward+backward")).lower(
             *args).compile()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cached)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 3    # forward, dK/dV, dQ

@@ -60,7 +60,8 @@ def test_xla_tpu_is_found_by_its_device_files_or_tpu_name(tmp_path, monkeypatch)
     monkeypatch.setattr(xlaspmd, "TPU_DEVICE_FILES", (str(accel), str(tmp_path / "vfio")))
     monkeypatch.delenv("TPU_NAME", raising=False)
     assert backend.device_reason("tpu") == ("no TPU here (no /dev/accel* or /dev/vfio device, TPU_NAME unset): "
-                                            "xla-tpu runs on a TPU VM")
+                                            "xla-tpu runs on a TPU VM; it can compile for one here: xbridge compile "
+                                            "PROG --backend xla-tpu --topology v5e-8")
     accel.touch()                                   # a TPU VM's chip
     assert backend.device_reason("tpu") is None
     accel.unlink()

@@ -91,9 +91,5 @@ def lower_and_compile(ex: JaxExecutable, name: str, fn: Any, args: tuple[Any, ..
 def compile_ahead(program: Program, plan: ShardingPlan, topology: Topology, mode: str,
                   dump: Path | None, which: tuple[str, ...]) -> list[CompiledProgram]:
     devices = measure.topology_devices(topology)
-    cached = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
+    with measure.no_persistent_cache():
         return compile_programs(build(program, plan, devices, mode), dump, which)
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cached)

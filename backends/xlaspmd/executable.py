@@ -25,7 +25,7 @@ import torch_xla.runtime as xr
 from xbridge import hints
 from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, LoweringError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.torch import remat as shared_remat
@@ -143,7 +143,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
     def step(self, batch: Any) -> dict[str, float]:
         tensors = self.put(batch) if on_host(batch) else batch
         lr = self.train_step.lr
-        with hints.activate(self._hint), self._attention():
+        with hints.activate(self._hint), self._attention(), host_values_named(self.program.name):
             loss, norm = self.compiled(tensors)
         return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item())}   # .item() waits for the device
 
@@ -303,3 +303,25 @@ def _xla_trace(directory: Path) -> Iterator[None]:
         yield
     finally:
         xp.stop_trace()
+
+
+@contextlib.contextmanager
+def host_values_named(program: str) -> Iterator[None]:
+    """torch_xla's one-graph step (``torch_xla.compile(full_graph=True)``) stops at the first value the traced
+    code needs on the host (a shape the data decides: boolean indexing, ``nonzero``, ``unique``; ``.item()``;
+    ``if tensor:``) with "Unexpected execution happens inside the compiled function": one line naming where and why,
+    before the step computes anything."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "Unexpected execution happens inside the compiled function" not in str(exc):
+            raise
+        from xbridge.program_file import user_frame
+
+        found = user_frame(exc)
+        where = "" if found is None else (f" at {found[0].filename}:{found[0].lineno} (in {found[0].name}, the "
+                                          f"program's {found[1]})")
+        raise LoweringError(f"program {program!r} needs a value computed inside the step on the host{where}: a shape "
+                            "the data decides (boolean indexing, nonzero, unique), .item() or `if tensor:`; torch_xla "
+                            "compiles the step as one graph (--xla-mode lazy), so write it with fixed shapes (masks, "
+                            "torch.where, a weighted loss) or run it on eager or inductor") from None

@@ -4,7 +4,9 @@ client over libtpu, which jax-tpu and xla-tpu both compile through), and a compi
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,25 @@ from ..errors import BackendUnavailable, LoweringError
 from . import hlo
 from .record import CompiledProgram
 from .topology import Topology
+
+
+@contextlib.contextmanager
+def no_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache kept out of compile-only compiles (it cannot serialise their
+    executables: ``serialize_executable(): incompatible function arguments``). Turning the cache off is not enough in
+    a process that already used it (JAX keeps the opened cache), so writes are also held back by the minimum compile
+    time; both settings are put back after."""
+    import jax
+
+    saved = (jax.config.jax_enable_compilation_cache,  # type: ignore[attr-defined]
+             jax.config.jax_persistent_cache_min_compile_time_secs)  # type: ignore[attr-defined]
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", saved[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
 
 
 def topology_devices(topology: Topology) -> list[Any]:
