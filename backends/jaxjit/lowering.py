@@ -4,7 +4,9 @@
 replaced by the arrays we pass (torchax tensors wrapping JAX tracers), so the user's loss and model run unchanged.
 Compute precision uses torchax's autocast with torch.autocast's policy and state (autocast.py, installed by
 patches.py); ``xb.shard`` hints
-become ``jax.lax.with_sharding_constraint`` through a handler installed for the trace.
+become ``jax.lax.with_sharding_constraint`` through a handler installed for the trace. A ``torch.autograd.Function``
+the loss applies is a ``jax.custom_vjp`` of its forward and backward (custom_functions.py, routed for the trace by
+patches.py), so JAX takes the user's gradient through it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
 from xbridge.torch.train import torch_dtype
 
-from . import autocast
+from . import autocast, patches
 
 
 class ModuleTracker:
@@ -80,7 +82,7 @@ class LoweredLoss:
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
         amp = autocast.compute_autocast(self.env, torch_dtype(precision.compute) if precision.mixed else None)
         try:
-            with self.env, amp, hints.activate(self.hint):
+            with self.env, amp, hints.activate(self.hint), patches.custom_functions():
                 loss = self.module.functional_call(self.program.loss, p, b, tb)
         except OperatorNotFound as exc:
             op = str(exc).removeprefix("Operator with name ").removesuffix(" has no lowering")

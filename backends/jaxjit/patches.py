@@ -17,6 +17,12 @@ puts back everything it changed.
   ``aten::scaled_dot_product_attention`` go to a JAX kernel (backends/jaxjit/attention.py), written into
   ``Environment._ops`` as JAX functions; the entries that were there are put back after the trace (torchax has no
   public way to remove an override).
+- custom autograd Functions (:func:`custom_functions`): only while a loss is traced, ``torch.autograd.Function.apply``
+  (torch's classmethod, which no torch function mode sees) sends a call with a torchax tensor among its arguments to
+  backends/jaxjit/custom_functions.py, which makes the Function's forward and backward a ``jax.custom_vjp`` (torchax
+  ran the forward's operators and JAX differentiated them: the user's backward was never called); any other call
+  goes to torch's own. Scoped, not applied from ``lower()``: inductor and xla in the same process (Dynamo knows
+  ``Function.apply`` by identity) never see it. The classmethod that was there is put back after the trace.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ OPERATORS = Patch("torchax's operator table (aten::_grouped_mm, BatchNorm's trai
                   shared.TORCHAX)
 ATTENTION = Patch("torchax's operator table (scaled_dot_product_attention routed to a JAX kernel)", "torchax",
                   shared.TORCHAX)
+CUSTOM_FUNCTIONS = Patch("torch.autograd.Function.apply (a Function's forward and backward as a jax.custom_vjp)",
+                         "torch", shared.TORCH)
 _PATCHES = PatchSet(AUTOCAST, OPERATORS, ATTENTION)
 
 
@@ -86,3 +94,21 @@ def routed_attention(impl: Callable[..., Any]) -> Iterator[None]:
                                           is_view_op=False) for key in keys}
     with shared.replaced(torchax.default_env()._ops, entries, items=True):
         yield
+
+
+@contextlib.contextmanager
+def custom_functions() -> Iterator[None]:
+    """For the block: ``torch.autograd.Function.apply`` on torchax tensors is a ``jax.custom_vjp`` of the Function's
+    forward and backward (backends/jaxjit/custom_functions.py); torch's classmethod is put back after it."""
+    shared.check(CUSTOM_FUNCTIONS)
+    import torch
+
+    from . import custom_functions as routed
+
+    owner = torch.autograd.Function
+    original = owner.__dict__["apply"]      # the classmethod object (getattr would give a bound method)
+    owner.apply = classmethod(routed.routed_apply(original.__func__))    # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        owner.apply = original              # type: ignore[method-assign]
