@@ -119,12 +119,12 @@ def test_the_note_and_the_noise_run_survive_parity_json():
 @pytest.mark.slow
 @pytest.mark.cli
 def test_the_fixture_passes_parity_in_fp32_where_the_key_bias_failed(tmp_path):
-    """End to end (about 3 min on 2 cores): every target fails on attn.k.bias against the bound and passes against
-    the reference's own noise, the row naming why."""
-    targets = [r["target"] for r in registry.describe() if r["available"]
-               and r["target"] in ("jax-cpu", "xla-cpu", "inductor-cpu")]
+    """End to end on jax-cpu (inductor-cpu and xla-cpu behave alike: measured by hand, docs/parity.md; one target
+    keeps the suite's time): it fails on attn.k.bias against the bound and passes against the reference's own
+    noise, the row naming why."""
+    targets = [r["target"] for r in registry.describe() if r["available"] and r["target"] == "jax-cpu"]
     if not targets:
-        pytest.skip("none of jax-cpu, xla-cpu, inductor-cpu is available here")
+        pytest.skip("jax-cpu is not available here")
     proc = run_cli("parity", str(FIXTURE), "--format", "json", "--out", str(tmp_path), "--steps", "8",
                    "--backends", ",".join(targets))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

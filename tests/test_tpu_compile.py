@@ -213,13 +213,13 @@ def test_a_program_that_does_not_fit_is_reported_not_refused():
 @pytest.mark.slow
 @pytest.mark.cli
 def test_fit_finds_the_largest_batch_by_compiling():
-    proc = run_cli("compile", f"{FIXTURES / 'wide_mlp.py'}:fitter", "--topology", "v5e-1", "--batch", "65536",
+    proc = run_cli("compile", f"{FIXTURES / 'wide_mlp.py'}:fitter", "--topology", "v5e-1", "--batch", "131072",
                    "--fit", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     fit = json.loads(proc.stdout)["fit"]
     assert fit["remat"] == "none"
     tried = fit["tried"]
-    assert [t["batch"] for t in tried[:3]] == [65536, 131072, 262144]       # doubling ...
+    assert [t["batch"] for t in tried[:2]] == [131072, 262144]       # doubling ...
     assert any(not t["fits"] for t in tried) and all(t["need_bytes"] <= t["hbm_bytes"] for t in tried if t["fits"])
     largest = fit["largest_batch"]
     assert 131072 <= largest < 262144 and all(t["fits"] == (t["batch"] <= largest) for t in tried)  # ... bisection
