@@ -137,7 +137,7 @@ def test_the_patches_apply_once_and_undo_restores(checked):
 
 def test_the_scoped_patches_are_put_back(checked):
     inside = checked["inside"]
-    assert inside["factories"] == ["torch.rand", "torch.randint", "torch.randn"]
+    assert inside["factories"] == ["torch.normal", "torch.rand", "torch.randint", "torch.randn", "torch.randperm"]
     assert inside["recording_scans"] == ["torch_xla._XLAC._xla_user_computation"]
     assert len(inside["routed_attention"]) == 3 and all("._ops[" in e for e in inside["routed_attention"])
     assert checked["left"] == []

@@ -17,6 +17,7 @@ from xbridge.aot.record import EVAL, INIT, TRAIN, CompiledProgram
 from xbridge.contract import Target
 from xbridge.data.source import checked_batch
 from xbridge.errors import LoweringError
+from xbridge.run.rng import rng_rows
 from xbridge.weights import meta_model
 
 from . import step_builders
@@ -47,7 +48,7 @@ def build(program: Program, plan: ShardingPlan, devices: list[Any], mode: str) -
 def abstract_batch(ex: JaxExecutable) -> dict[str, jax.ShapeDtypeStruct]:
     """Batch 0's shapes and dtypes (one batch is read on the host), split as the plan says."""
     float_dtype = jax.numpy.dtype(ex.program.precision.params)
-    host = checked_batch(ex.program.data, 0, ex.program.seed)
+    host = checked_batch(ex.program.data, 0, ex.program.seed, rng_rows(ex.program))    # --rng portable's rows too
     return {k: jax.ShapeDtypeStruct(v.shape, to_jax_dtype(v[:1], float_dtype).dtype, sharding=ex.batch_sharding)
             for k, v in host.items()}
 

@@ -29,6 +29,7 @@ from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
 from xbridge.run.profile import STEP_MARK
+from xbridge.run.rng import rng_rows
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.train import build_model, tensor_to_numpy
 
@@ -158,7 +159,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         parameter, ``requires_grad=False``, is not among them at all: torchax keeps it with the buffers.)"""
         accum = self.program.step.grad_accum
         batch = {k: jax.ShapeDtypeStruct((v.shape[0] // accum, *v.shape[1:]), to_jax_dtype(v[:1], float_dtype).dtype)
-                 for k, v in checked_batch(self.program.data, 0, self.program.seed).items()}
+                 for k, v in checked_batch(self.program.data, 0, self.program.seed, rng_rows(self.program)).items()}
         env = self.lowered.env
         key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
         try:

@@ -128,9 +128,11 @@ def rows(source: Any, step: int, seed: int, index: np.ndarray) -> dict[str, Any]
     return {k: v[index] for k, v in batch.items()} if isinstance(batch, Mapping) else batch
 
 
-def checked_batch(source: Any, step: int, seed: int) -> dict[str, np.ndarray]:
-    """One batch, checked (and a collate function's torch tensors made numpy): for code outside the run loop."""
-    return BatchCheck(source, expected_rows=source.batch_size)(source.batch(step, seed), step)
+def checked_batch(source: Any, step: int, seed: int, rng_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """One batch, checked (and a collate function's torch tensors made numpy): for code outside the run loop.
+    ``rng_rows`` (--rng portable: xbridge.run.rng.rng_rows): the batch carries the portable generator's rows, as the
+    run loop's batches do, so a trace of the loss draws as the step will."""
+    return BatchCheck(source, expected_rows=source.batch_size, rng_rows=rng_rows)(source.batch(step, seed), step)
 
 
 @dataclasses.dataclass

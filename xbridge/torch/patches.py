@@ -47,8 +47,8 @@ class Patch:
     pinned: str
 
 
-RANDOM_FACTORIES = Patch("torch.rand/randn/randint forwarded to the portable generator (Dynamo's torch object map "
-                         "built first)", "torch", TORCH)
+RANDOM_FACTORIES = Patch("torch.rand/randn/randint/randperm/normal forwarded to the portable generator (Dynamo's "
+                         "torch object map built first)", "torch", TORCH)
 PATCHES = (RANDOM_FACTORIES,)
 
 

@@ -16,11 +16,31 @@ Each draw is keyed by (program seed, call site) and counted by (element, step):
   for those rows. Tensors whose dimension 0 is not a multiple of the rows' count (not batch-major) are counted
   from 0 over the whole tensor: the same on every backend that sees the whole tensor.
 
-The functions a forward calls are routed here by a TorchFunctionMode that the loss runs under (:func:`portable_loss`):
-dropout (``F.dropout``, ``dropout1d/2d/3d``, ``F.scaled_dot_product_attention``'s ``dropout_p``, which is then computed
-as attention's math form) and ``torch.rand``, ``randn``, ``rand_like``, ``randn_like``, ``bernoulli``, ``randint``,
-``randint_like``. Alpha dropout and the in-place samplers (``uniform_``, ``normal_``, ``bernoulli_``) are refused with
-one line: they have no portable form here.
+The functions a forward calls are routed here by a TorchFunctionMode that the loss runs under (:func:`portable_loss`);
+each draw is one call site, and each is derived from the 32-bit words (u: the top 24 bits as a float32 in [0, 1);
+u': (top 23 bits + 1/2) / 2^23, in (0, 1), where a logarithm or a tangent follows):
+- dropout (``F.dropout``, ``dropout1d/2d/3d``, ``F.scaled_dot_product_attention``'s ``dropout_p``, which is then
+  computed as attention's math form): keep where u >= p;
+- ``torch.rand``, ``rand_like``: u (with as many bits as a float16/bfloat16 holds, so never 1 after the cast);
+  ``randn``, ``randn_like``, ``Tensor.normal_(mean, std)``, ``torch.normal`` (Tensor/Tensor, Tensor/float,
+  float/Tensor broadcast, float/float/size; no gradient to mean and std, torch's is zero): Box-Muller on both words;
+  ``Tensor.log_normal_(mean=1, std=2)``: exp of that normal;
+- ``bernoulli``, ``Tensor.bernoulli``, ``Tensor.bernoulli_(p)`` (p a float or a tensor): 1 where u < p;
+  ``Tensor.uniform_(from, to)``: from + (to - from) u;
+- ``Tensor.exponential_(lambd)``: -log(u') / lambd (never 0, as torch's); ``Tensor.geometric_(p)``:
+  ceil(log(u') / log1p(-p)) in 1, 2, ...; ``Tensor.cauchy_(median, sigma)``: median + sigma tan(pi (u' - 1/2));
+- ``randint``, ``randint_like``, ``Tensor.random_()`` / ``random_(to)`` / ``random_(from, to)`` (torch's ranges:
+  [0, 2^digits] for a float, [0, max] for an integer type): low + (top 31 bits mod span), spans up to 2^31 inside
+  int32's range (int64 is int32 on JAX), bias below span / 2^31;
+- ``torch.randperm(n)``: argsort of one int32 key per position, the word with its low ceil(log2 n) bits replaced by
+  the position (distinct keys: the same order whatever a stack's sort does with ties);
+- ``torch.multinomial`` / ``Tensor.multinomial``: with replacement by inverse CDF (how many cumulative weights are
+  <= u * total), without by Gumbel-top-k (the k smallest log(-log u') - log w; zero weights last, in index order).
+The in-place samplers draw for the tensor's shape and ``copy_`` the sample into it, returning it (``x.new_empty(shape)
+.bernoulli_(p)``, timm's DropPath, works unchanged on every stack). The integer draws and the comparisons are the same
+bits everywhere; the ones through log, cos or tan carry each stack's own rounding of those functions (an ulp).
+Refused with one line, as are random_/randint spans past int32: alpha dropout, ``rrelu`` in training, ``poisson``,
+``binomial``, the Gamma/Dirichlet samplers. ``generator=`` is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -73,9 +93,25 @@ def threefry2x32(key: tuple[int, int], c0: torch.Tensor, c1: torch.Tensor) -> tu
     return x0, x1
 
 
-def _uniform(bits: torch.Tensor) -> torch.Tensor:
-    """float32 in [0, 1) from the top 24 bits (exact in float32, so every backend compares the same numbers)."""
-    return _shr(bits, 8).to(torch.float32) * (1.0 / (1 << 24))
+def _uniform(bits: torch.Tensor, digits: int = 24) -> torch.Tensor:
+    """float32 in [0, 1) from the top ``digits`` bits (exact in float32, and in a float of ``digits`` significant
+    bits: every backend compares the same numbers, and a cast to float16/bfloat16 never rounds up to 1)."""
+    return _shr(bits, 32 - digits).to(torch.float32) * (1.0 / (1 << digits))
+
+
+def _open_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1), for the draws that take a logarithm or a tangent: (k + 1/2) / 2^23 from the top 23 bits
+    (k + 1/2 is exact in float32's 24 significant bits), so 2^-24 <= u <= 1 - 2^-24."""
+    return (_shr(bits, 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8}       # significant bits below float32's 24
+_INT32 = (-(1 << 31), 1 << 31)                          # JAX runs without 64-bit integers: int64 is int32 there
+
+
+def _refuse(what: str, why: str = "") -> ProgramError:
+    return ProgramError(f"{what} has no portable form (--rng portable){why}: draw with a portable sampler "
+                        "(docs/parity.md, Randomness), or run with --rng native")
 
 
 class PortableRandom(TorchFunctionMode):
@@ -107,14 +143,37 @@ class PortableRandom(TorchFunctionMode):
         c1 = step.reshape((1,) * len(shape)).expand(shape)
         return threefry2x32(key, c0, c1)
 
-    def uniform(self, shape: Sequence[int], device: torch.device) -> torch.Tensor:
-        return _uniform(self._bits(shape, device)[0])
+    # -- the distributions, each from one call site's bits ------------------------------------------------------
+    def uniform(self, shape: Sequence[int], device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """[0, 1) in float32, with as many significant bits as ``dtype`` holds (24 at most)."""
+        return _uniform(self._bits(shape, device)[0], _DIGITS.get(dtype, 24) if dtype is not None else 24)
+
+    def open_uniform(self, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        return _open_uniform(self._bits(shape, device)[0])
 
     def normal(self, shape: Sequence[int], device: torch.device) -> torch.Tensor:
         """Box-Muller on the two words of each counter."""
         a, b = self._bits(shape, device)
         u1 = 1.0 - _uniform(a)                 # (0, 1]: log is finite
         return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * _uniform(b))
+
+    def exponential(self, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        """Exponential(1) by inversion, -log(u) with u in (0, 1): never 0 (as torch's ``exponential_``)."""
+        return -torch.log(self.open_uniform(shape, device))
+
+    def integers(self, what: str, shape: Sequence[int], device: torch.device, low: int, high: int) -> torch.Tensor:
+        """int32, uniform on [low, high): low + (the top 31 bits mod (high - low)). The span is at most 2^31 and the
+        values are int32's (int64 is int32 on JAX); the modulo's bias is below (high - low) / 2^31."""
+        low, high = int(low), int(high)
+        if low >= high:
+            raise ProgramError(f"{what} expects 'from' to be less than 'to', but got from={low} >= to={high}")
+        if low < _INT32[0] or high > _INT32[1] or high - low > 1 << 31:
+            raise _refuse(f"{what} over [{low}, {high})", ": portable integers span at most 2^31 values within "
+                          "int32's range (JAX runs without 64-bit integers)")
+        top = _shr(self._bits(shape, device)[0], 1)             # [0, 2^31)
+        span = high - low
+        drawn = top if span == 1 << 31 else top % span
+        return drawn + low if low else drawn
 
     # -- the random functions ---------------------------------------------------------------------------------
     def dropout(self, x: torch.Tensor, p: float, training: bool,
@@ -147,11 +206,15 @@ class PortableRandom(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         handler = _HANDLERS.get(func)
         if handler is None:
-            if func in _REFUSED:
-                raise ProgramError(f"{_REFUSED[func]} has no portable form (--rng portable): draw with torch.rand/"
-                                    "randn/bernoulli or dropout, or run with --rng native")
+            if func in _REFUSED and (func not in _TRAINING_ONLY or _trains(args, kwargs)):
+                raise _refuse(_REFUSED[func])
             return func(*args, **kwargs)
         return handler(self, *args, **kwargs)
+
+
+def _trains(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """rrelu's ``training`` (its fourth argument, default False): random only when training."""
+    return bool(args[3] if len(args) > 3 else kwargs.get("training", False))
 
 
 def _dropout(mode: PortableRandom, input: torch.Tensor, p: float = 0.5, training: bool = True,
@@ -181,42 +244,236 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
 
 
+def _where(mode: PortableRandom, device: Any) -> torch.device:
+    return torch.device(device) if device is not None else mode.rows.device
+
+
 def _creation(sample: str) -> Callable[..., torch.Tensor]:
     def run(mode: PortableRandom, *size: Any, generator: Any = None, dtype: torch.dtype | None = None,
             device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
-        shape = _size(size)
-        where = torch.device(device) if device is not None else mode.rows.device
-        out = getattr(mode, sample)(shape, where)
-        return out.to(dtype or torch.get_default_dtype()).requires_grad_(requires_grad)
+        dtype = dtype or torch.get_default_dtype()
+        shape, where = _size(size), _where(mode, device)
+        out = mode.uniform(shape, where, dtype) if sample == "uniform" else mode.normal(shape, where)
+        return out.to(dtype).requires_grad_(requires_grad)
     return run
 
 
 def _like(sample: str) -> Callable[..., torch.Tensor]:
-    def run(mode: PortableRandom, input: torch.Tensor, *, dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor:
-        return getattr(mode, sample)(input.shape, input.device).to(dtype or input.dtype)
+    def run(mode: PortableRandom, input: torch.Tensor, *, dtype: torch.dtype | None = None, device: Any = None,
+            requires_grad: bool = False, **_: Any) -> torch.Tensor:
+        dtype = dtype or input.dtype
+        where = torch.device(device) if device is not None else input.device
+        out = mode.uniform(input.shape, where, dtype) if sample == "uniform" else mode.normal(input.shape, where)
+        return out.to(dtype).requires_grad_(requires_grad)
     return run
 
 
 def _bernoulli(mode: PortableRandom, input: torch.Tensor, p: float | None = None, *, generator: Any = None,
                **_: Any) -> torch.Tensor:
+    """1 where u < p (u uniform on [0, 1)); p is ``input`` itself when not given."""
     probability = input if p is None else torch.full_like(input, p)
     return (mode.uniform(input.shape, input.device) < probability.float()).to(input.dtype)
 
 
+def _bounds(what: str, args: Sequence[Any], low: int, high: int | None, low_name: str = "low",
+            high_name: str = "high", kwargs: dict[str, Any] | None = None) -> tuple[int, int | None]:
+    """(low, high) of ``f(high)`` / ``f(low, high)``, positional or by keyword."""
+    kwargs = kwargs or {}
+    if len(args) == 1 and high_name not in kwargs:
+        low, high = kwargs.get(low_name, low), args[0]
+    elif len(args) >= 2:
+        low, high = args[0], args[1]
+    else:
+        low = args[0] if args else kwargs.get(low_name, low)
+        high = kwargs.get(high_name, high)
+    return int(low), None if high is None else int(high)
+
+
 def _randint(mode: PortableRandom, *args: Any, generator: Any = None, dtype: torch.dtype | None = None,
-             device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
-    """randint(high, size) or randint(low, high, size): floor(u * (high - low)) + low."""
-    low, high, size = (0, args[0], args[1]) if len(args) == 2 else args
-    where = torch.device(device) if device is not None else mode.rows.device
-    u = mode.uniform(_size((size,)), where)
-    return (torch.floor(u * float(high - low)) + low).to(dtype or torch.int64)
+             device: Any = None, requires_grad: bool = False, size: Any = None, **kwargs: Any) -> torch.Tensor:
+    """randint(high, size) or randint(low, high, size): low + (31 random bits mod (high - low))."""
+    if size is None:
+        args, size = args[:-1], args[-1]
+    low, high = _bounds("torch.randint", args, 0, None, kwargs=kwargs)
+    assert high is not None
+    out = mode.integers("torch.randint", _size((size,)), _where(mode, device), low, high)
+    return out.to(dtype or torch.int64)
 
 
 def _randint_like(mode: PortableRandom, input: torch.Tensor, *args: Any, dtype: torch.dtype | None = None,
-                  **_: Any) -> torch.Tensor:
-    low, high = (0, args[0]) if len(args) == 1 else args
-    u = mode.uniform(input.shape, input.device)
-    return (torch.floor(u * float(high - low)) + low).to(dtype or input.dtype)
+                  device: Any = None, **kwargs: Any) -> torch.Tensor:
+    low, high = _bounds("torch.randint_like", args, 0, None, kwargs=kwargs)
+    assert high is not None
+    where = torch.device(device) if device is not None else input.device
+    return mode.integers("torch.randint_like", input.shape, where, low, high).to(dtype or input.dtype)
+
+
+# -- the in-place samplers: the sample is drawn for the tensor's shape and copied into it (``copy_``, which every
+# stack traces: Dynamo, torch_xla's lazy tensors, torchax), which is then returned, as torch does -------------------
+def _fill(draw: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(mode: PortableRandom, self: torch.Tensor, *args: Any, generator: Any = None, **kwargs: Any) -> torch.Tensor:
+        return self.copy_(draw(mode, self, *args, **kwargs))
+    run.__name__ = draw.__name__
+    return run
+
+
+def _check(ok: bool, message: str) -> None:
+    """torch's own check of a sampler's arguments (the same words), made before anything is drawn."""
+    if not ok:
+        raise ProgramError(message)
+
+
+def _floating(what: str, self: torch.Tensor) -> None:
+    _check(self.dtype.is_floating_point, f"{what} draws from a continuous distribution: the tensor must be floating "
+           f"point, but it is {self.dtype}")
+
+
+@_fill
+def _bernoulli_(mode: PortableRandom, self: torch.Tensor, p: float | torch.Tensor = 0.5) -> torch.Tensor:
+    """1 where u < p: p a float or a tensor of probabilities broadcast to the tensor's shape."""
+    if not isinstance(p, torch.Tensor):
+        _check(0.0 <= p <= 1.0, f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    probability = p.float() if isinstance(p, torch.Tensor) else p
+    return mode.uniform(self.shape, self.device) < probability
+
+
+@_fill
+def _uniform_(mode: PortableRandom, self: torch.Tensor, a: float = 0.0, b: float = 1.0, *,
+              to: float | None = None, **kwargs: Any) -> torch.Tensor:
+    """from + (to - from) u."""
+    low, high = kwargs.get("from", a), b if to is None else to
+    _floating("uniform_", self)
+    _check(low <= high, f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
+    return low + (high - low) * mode.uniform(self.shape, self.device)
+
+
+@_fill
+def _normal_(mode: PortableRandom, self: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    """mean + std z, z standard normal (Box-Muller)."""
+    _floating("normal_", self)
+    _check(std >= 0.0, f"normal expects std >= 0.0, but found std {std}")
+    return mean + std * mode.normal(self.shape, self.device)
+
+
+@_fill
+def _exponential_(mode: PortableRandom, self: torch.Tensor, lambd: float = 1.0) -> torch.Tensor:
+    """-log(u) / lambd, u in (0, 1)."""
+    _floating("exponential_", self)
+    _check(lambd > 0.0, f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    return mode.exponential(self.shape, self.device) / lambd
+
+
+@_fill
+def _geometric_(mode: PortableRandom, self: torch.Tensor, p: float) -> torch.Tensor:
+    """ceil(log(u) / log(1 - p)), u in (0, 1): the number of the first successful trial, 1, 2, ..."""
+    _check(0.0 < p < 1.0, f"geometric_ expects p to be in (0, 1), but got p={p}")
+    return torch.ceil(torch.log(mode.open_uniform(self.shape, self.device)) * (1.0 / math.log1p(-p)))
+
+
+@_fill
+def _log_normal_(mode: PortableRandom, self: torch.Tensor, mean: float = 1.0, std: float = 2.0) -> torch.Tensor:
+    """exp(mean + std z): mean and std are the underlying normal's (torch's defaults 1 and 2)."""
+    _floating("log_normal_", self)
+    _check(std > 0.0, f"log_normal_ expects std > 0.0, but found std={std}")
+    return torch.exp(mean + std * mode.normal(self.shape, self.device))
+
+
+@_fill
+def _cauchy_(mode: PortableRandom, self: torch.Tensor, median: float = 0.0, sigma: float = 1.0) -> torch.Tensor:
+    """median + sigma tan(pi (u - 1/2)), u in (0, 1)."""
+    _floating("cauchy_", self)
+    _check(sigma > 0.0, f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    return median + sigma * torch.tan(math.pi * (mode.open_uniform(self.shape, self.device) - 0.5))
+
+
+def _dtype_range(dtype: torch.dtype) -> tuple[int, int]:
+    """random_()'s range for the dtype, [low, high): [0, 2^digits] for a float (every integer in it is exact), [0, max]
+    for an integer type, {0, 1} for bool."""
+    if dtype == torch.bool:
+        return 0, 2
+    if dtype.is_floating_point:
+        return 0, (1 << (round(-math.log2(torch.finfo(dtype).eps)) + 1)) + 1     # 2^24 + 1 for float32
+    return 0, int(torch.iinfo(dtype).max) + 1
+
+
+@_fill
+def _random_(mode: PortableRandom, self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """random_() / random_(to) / random_(from, to): uniform integers on [from, to - 1]
+    (:meth:`PortableRandom.integers`); without ``to``, up to the dtype's largest (``[0, 2^mantissa]`` for a float)."""
+    low, high = _bounds("random_", args, 0, None, "from", "to", kwargs)
+    if high is None:
+        high = _dtype_range(self.dtype)[1]
+    what = f"Tensor.random_ on {str(self.dtype).removeprefix('torch.')}"
+    return mode.integers(what, self.shape, self.device, low, high)
+
+
+def _multinomial(mode: PortableRandom, input: torch.Tensor, num_samples: int, replacement: bool = False, *,
+                 generator: Any = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices drawn by weight along the last dimension (1 or 2 dimensions; weights need not sum to 1), int64.
+    With replacement: inverse CDF, the number of categories whose cumulative weight is <= u * total. Without:
+    Gumbel-top-k, the k smallest log(E) - log(w) (E exponential, so -log(E) is Gumbel), which orders the picks as
+    successive draws without replacement would; zero weights come last, in index order (as torch's)."""
+    n = input.shape[-1]
+    weights = input.float()
+    if replacement:
+        cdf = torch.cumsum(weights, dim=-1)
+        target = mode.uniform((*input.shape[:-1], num_samples), input.device) * cdf[..., -1:]
+        drawn = (cdf.unsqueeze(-2) <= target.unsqueeze(-1)).sum(dim=-1).clamp(max=n - 1)
+    else:
+        _check(num_samples <= n, "cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+        keys = torch.log(mode.exponential(input.shape, input.device)) - torch.log(weights)
+        unweighted = 1000.0 + torch.arange(n, dtype=torch.float32, device=input.device)
+        keys = torch.where(weights > 0, keys, unweighted)
+        drawn = torch.topk(keys, num_samples, dim=-1, largest=False, sorted=True).indices
+    drawn = drawn.to(torch.int64)
+    return drawn if out is None else out.copy_(drawn)
+
+
+def _randperm(mode: PortableRandom, n: int, *, generator: Any = None, out: torch.Tensor | None = None,
+              dtype: torch.dtype | None = None, device: Any = None, requires_grad: bool = False,
+              **_: Any) -> torch.Tensor:
+    """argsort of one random int32 key per position; the key's low ceil(log2 n) bits are the position itself, so
+    the keys are distinct and the order is the same on every stack whatever its sort's tie rule (a tie of the
+    32 - ceil(log2 n) random bits keeps the two positions in order)."""
+    n = int(n)
+    _check(0 <= n <= 1 << 31, f"randperm: n must be non-negative and at most 2^31, got {n}")
+    where = _where(mode, device)
+    low = max(1, (n - 1).bit_length())
+    index = torch.arange(n, dtype=torch.int32, device=where)
+    keys = (mode._bits((n,), where)[0] & _i32(~((1 << low) - 1))) | index
+    drawn = torch.argsort(keys).to(dtype or torch.int64).requires_grad_(requires_grad)
+    return drawn if out is None else out.copy_(drawn)
+
+
+def _promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """torch's promotion of two dtypes, in Python (torchax cannot lower ``torch.promote_types``)."""
+    if a == b or (a.is_floating_point and not b.is_floating_point):
+        return a
+    if b.is_floating_point and not a.is_floating_point:
+        return b
+    if {a, b} == {torch.float16, torch.bfloat16}:
+        return torch.float32
+    return a if a.itemsize >= b.itemsize else b
+
+
+def _normal(mode: PortableRandom, mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any = None,
+            out: torch.Tensor | None = None, dtype: torch.dtype | None = None, device: Any = None,
+            requires_grad: bool = False, **_: Any) -> torch.Tensor:
+    """torch.normal's overloads: (Tensor, Tensor), (Tensor, float), (float, Tensor) broadcast together, and
+    (float, float, size): mean + std z. No gradient reaches a tensor mean or std (torch's is zero there)."""
+    tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        _check(std >= 0.0, f"normal expects std >= 0.0, but found std {std}")
+        dtype = dtype or torch.get_default_dtype()
+        z = mode.normal(_size((size,)), _where(mode, device)).to(dtype)
+        drawn = (mean + std * z).requires_grad_(requires_grad)
+    else:
+        kind = tensors[0].dtype if len(tensors) == 1 else _promote(tensors[0].dtype, tensors[1].dtype)
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        z = mode.normal(shape, tensors[0].device).to(kind)
+        mean, std = (t.detach() if isinstance(t, torch.Tensor) else t for t in (mean, std))
+        drawn = mean + std * z
+    return drawn if out is None else out.copy_(drawn)
 
 
 _HANDLERS: dict[Callable, Callable[..., torch.Tensor]] = {
@@ -234,13 +491,26 @@ _HANDLERS: dict[Callable, Callable[..., torch.Tensor]] = {
     torch.Tensor.bernoulli: _bernoulli,
     torch.randint: _randint,
     torch.randint_like: _randint_like,
+    torch.Tensor.bernoulli_: _bernoulli_,
+    torch.Tensor.uniform_: _uniform_,
+    torch.Tensor.normal_: _normal_,
+    torch.Tensor.exponential_: _exponential_,
+    torch.Tensor.geometric_: _geometric_,
+    torch.Tensor.log_normal_: _log_normal_,
+    torch.Tensor.cauchy_: _cauchy_,
+    torch.Tensor.random_: _random_,
+    torch.multinomial: _multinomial,
+    torch.Tensor.multinomial: _multinomial,
+    torch.randperm: _randperm,
+    torch.normal: _normal,
 }
 _REFUSED: dict[Callable, str] = {
     F.alpha_dropout: "F.alpha_dropout", F.feature_alpha_dropout: "F.feature_alpha_dropout",
-    torch.Tensor.uniform_: "Tensor.uniform_", torch.Tensor.normal_: "Tensor.normal_",
-    torch.Tensor.bernoulli_: "Tensor.bernoulli_", torch.randperm: "torch.randperm", torch.normal: "torch.normal",
-    torch.multinomial: "torch.multinomial", torch.Tensor.exponential_: "Tensor.exponential_",
+    F.rrelu: "F.rrelu (training)", torch.rrelu: "torch.rrelu", torch.poisson: "torch.poisson",
+    torch.binomial: "torch.binomial", torch._standard_gamma: "torch._standard_gamma (Gamma, Beta, Dirichlet)",
+    torch._sample_dirichlet: "torch._sample_dirichlet",
 }
+_TRAINING_ONLY = (F.rrelu, torch.rrelu)
 
 
 # The factories that take no tensor are not in torch.overrides.get_overridable_functions(), so Dynamo (inductor,
@@ -249,7 +519,7 @@ _REFUSED: dict[Callable, str] = {
 # Python; outside a portable loss the forwarders call the original. The replacement itself is a patch of torch
 # (xbridge/torch/patches.py).
 _ACTIVE: list[PortableRandom] = []
-_ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint)}
+_ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal)}
 
 
 def _forwarder(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -319,7 +589,7 @@ class _Recorder(TorchFunctionMode):
         elif func is F.scaled_dot_product_attention:
             p = args[5] if len(args) > 5 else kwargs.get("dropout_p", 0.0)
             name = "scaled_dot_product_attention(dropout_p)" if p > 0 else None
-        elif func in _HANDLERS or func in _REFUSED:
+        elif func in _HANDLERS or (func in _REFUSED and (func not in _TRAINING_ONLY or _trains(args, kwargs))):
             name = getattr(func, "__name__", str(func))
         if name is not None:
             self.found.append((self.where[-1] if self.where else "(loss)", name))
