@@ -62,14 +62,9 @@ print("CHECK " + json.dumps(out))
 
 
 def machine() -> dict:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from xbridge.run.summary import cpu_model
+
+    model = cpu_model() or "?"
     import importlib.metadata as md
 
     versions = {}

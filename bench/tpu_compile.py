@@ -55,14 +55,9 @@ GIB = 2 ** 30
 
 
 def machine() -> dict:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from xbridge.run.summary import cpu_model
+
+    model = cpu_model() or "?"
     return {"cpu_model": model, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
             "platform": platform.platform(), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
 
