@@ -197,7 +197,7 @@ def test_jax_trains_each_function_as_eager_does(name):
 def test_parity_on_every_backend(tmp_path):
     """``xbridge parity`` of the five Functions in one model against eager on inductor-cpu and xla-cpu (they used
     the user's backward already; jax-cpu, which now does, is checked per Function in-process above)."""
-    targets = ["inductor-cpu", "xla-cpu"]
+    targets = ["inductor-cpu", "xla-cpu"]     # one process each, two at a time
     for row in registry.describe():
         if row["target"] in targets and not row["available"]:
             pytest.skip(f"{row['target']} is unavailable here: {row['reason']}")
