@@ -381,6 +381,32 @@ def test_dynamo_traces_the_samplers_and_draws_eagers_bits():
 
 
 @pytest.mark.slow
+def test_inductors_own_random_calls_while_it_compiles_are_not_the_programs():
+    """Inductor's pattern matcher traces torch.randperm (the index_add pattern) and draws example inputs while it
+    compiles a portable loss: those calls get torch's own functions (found at 2 ranks: rank 1 failed to compile on
+    a real int32 tensor among fake ones); the program's draws stay portable and equal eager's."""
+    from xbridge.torch.portable_rng import _ACTIVE, factories
+
+    def forward(x, y):
+        index = torch.randperm(x.shape[0], device=x.device)[: y.shape[0]]
+        return x.index_add(0, index, y) + torch.rand(x.shape, device=x.device)
+
+    def run(fn):
+        mode = _mode(rows=8)
+        _ACTIVE.append(mode)
+        try:
+            with mode:
+                return fn(torch.linspace(-1, 1, 32).reshape(8, 4), torch.ones(3, 4))
+        finally:
+            _ACTIVE.pop()
+
+    torch._dynamo.reset()
+    with factories():
+        compiled = run(torch.compile(forward, backend="inductor"))
+    assert torch.allclose(compiled, run(forward), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.cli
 def test_droppath_and_every_sampler_train_the_same_on_every_backend(tmp_path):
     """timm's DropPath (x.new_empty(shape).bernoulli_) and every other portable sampler in one forward: the same

@@ -76,14 +76,18 @@ def test_joining_a_cluster_where_there_is_none_is_one_line():
 
 
 def test_a_joining_process_leaves_the_accelerator_probe_to_jax_after_the_join(monkeypatch):
-    """jax-tpu with libtpu installed: normally jax.devices('tpu') says whether a chip is there; a process about to
-    join a job must not call it (it would start the runtime, and jax.distributed.initialize then refuses)."""
+    """jax-tpu on a TPU host (chips on the PCI bus) with libtpu installed: normally jax.devices('tpu') says whether
+    the runtime sees them; a process about to join a job must not call it (it would start the runtime, and
+    jax.distributed.initialize then refuses)."""
     import importlib.util
 
     import jax
 
+    from xbridge.aot import environment
     from xbridge.backends import jaxjit
     from xbridge.processes import job
+
+    monkeypatch.setattr(environment, "tpu_chips_on_this_machine", lambda: 4)
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))

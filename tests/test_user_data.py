@@ -98,8 +98,14 @@ def test_each_inductor_process_reads_only_its_rows(data_dir):
     full = 8 * 17 * 8           # batch 8 x (seq_len + 1) tokens x int64
     assert [s["data_bytes"] for s in one["steps"]] == [full] * 3
     assert [s["data_bytes"] for s in two["steps"]] == [full / 2] * 3      # rank 0's share
-    np.testing.assert_allclose([s["loss"] for s in two["steps"]], [s["loss"] for s in one["steps"]], rtol=1e-5)
-    np.testing.assert_allclose([e["loss"] for e in two["evals"]], [e["loss"] for e in one["evals"]], rtol=1e-5)
+    # Step 0 is the same weights on the same rows: the rows each rank reads, checked to fp32 rounding (another
+    # half of the data moves this loss by ~1e-2). Later steps follow AdamW updates, whose normalised step turns the
+    # two stacks' rounding in small gradients (two ranks' all-reduce against one sum) into larger moves: measured
+    # on a CI machine 4.7e-5 relative at step 2 (2026-12-04; within 1e-5 on this one). Parity proper: xbridge parity.
+    losses = [s["loss"] for s in two["steps"]], [s["loss"] for s in one["steps"]]
+    np.testing.assert_allclose(losses[0][0], losses[1][0], rtol=1e-6)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=3e-4)
+    np.testing.assert_allclose([e["loss"] for e in two["evals"]], [e["loss"] for e in one["evals"]], rtol=3e-4)
 
 
 # ------------------------------------------------------------------ the sources themselves

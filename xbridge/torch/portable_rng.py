@@ -522,11 +522,24 @@ _ACTIVE: list[PortableRandom] = []
 _ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal)}
 
 
+def _a_compiler_calls() -> bool:
+    """Whether a compiler's own code calls the factory while it compiles a loss, not the loss: Inductor's pattern
+    matcher traces ``torch.randperm`` (fx_passes/misc_patterns.py) on first use, inside the loss's compile, with a
+    portable loss active. Dynamo tracing the loss reads ``is_compiling()`` as True and never traces the check;
+    run for real, it is a compiler's call while Dynamo's compile context is open (a graph break's eager code runs
+    outside it)."""
+    if torch.compiler.is_compiling():
+        return False
+    from torch._guards import CompileContext
+
+    return CompileContext.try_get() is not None
+
+
 def _forwarder(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     handler = _HANDLERS[original]
 
     def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if not _ACTIVE:
+        if not _ACTIVE or _a_compiler_calls():
             return original(*args, **kwargs)
         return handler(_ACTIVE[-1], *args, **kwargs)
 
