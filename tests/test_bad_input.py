@@ -109,6 +109,8 @@ def workspace(tmp_path_factory, mlp_program):
     (ws / "afile.txt").write_text("keep me")
     (ws / "out").mkdir()
     (ws / "out" / "run.json").write_text('{"mine": true}')
+    (ws / "out" / "results.csv").write_text("mine\n")
+    (ws / "out" / "parity.json").write_text('{"mine": true}')
     np.savez(ws / "other.npz", w=np.zeros(3, np.float32))
     np.save(ws / "one.npy", np.zeros(3, np.float32))
     _data_files(ws)
@@ -188,6 +190,11 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", MLP, "--init-state", "{ws}/nothere.npz"], "--init-state '{ws}/nothere.npz' does not exist"),
     (["run", MLP, "--init-state", "{ws}/other.npz"], "the --init-state file is missing tensor 'fc1.weight' of program 'mlp'"),
     (["run", MLP, "--steps", "2", "--out", "{ws}/afile.txt"], "--out '{ws}/afile.txt' exists and is not a directory"),
+    (["run", MLP, "--steps", "2", "--out", "{ws}/out"], "--out: '{ws}/out/run.json' exists and xbridge did not write it; xbridge never replaces a file of yours"),
+    (["run", MLP, "--steps", "2", "--save-state", "{ws}/other.npz"], "--save-state: '{ws}/other.npz' exists and xbridge did not write it"),
+    (["run", MLP, "--steps", "2", "--trace-modules", "{ws}/afile.txt"], "--trace-modules: '{ws}/afile.txt' exists and xbridge did not write it"),
+    (["compare", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/results.csv' exists and xbridge did not write it"),
+    (["parity", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/parity.json' exists and xbridge did not write it"),
     (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
     # processes
     (["run", MLP, "--backend", "jax-cpu", "--processes", "0"], "--processes must be a count >= 1 or 'cluster', got 0"),

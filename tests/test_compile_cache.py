@@ -68,16 +68,20 @@ def test_cache_command_lists_and_clears(tmp_path):
     _run("mlp.py", "jax-cpu", tmp_path, "1")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("not a cache")
+    (tmp_path / "jax" / "my-notes.txt").write_text("mine, in the cache folder")
     env = _env(tmp_path, "1")
     listed = json.loads(_xbridge("cache", "--format", "json", env=env).stdout)
     rows = {row["name"]: row for row in listed["caches"]}
     assert listed["root"] == str(tmp_path) and set(rows) == {"jax"} and rows["jax"]["files"] > 0
+    assert rows["jax"]["not_a_cache"] == ["my-notes.txt"]
     bad = _xbridge("cache", "--clear", "notes", env=env)
     assert bad.returncode == 2 and "cache 'notes' is not an xbridge cache" in one_error_line(bad)
     cleared = _xbridge("cache", "--clear", "--format", "json", env=env)
     assert cleared.returncode == 0 and [r["name"] for r in json.loads(cleared.stdout)["caches"]] == ["jax"]
-    assert not (tmp_path / "jax").exists() and (tmp_path / "notes" / "mine.txt").read_text() == "not a cache"
-    assert json.loads(_xbridge("cache", "--format", "json", env=env).stdout)["caches"] == []
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "not a cache"
+    assert [p.name for p in (tmp_path / "jax").iterdir()] == ["my-notes.txt"]    # the user's file is left
+    after = json.loads(_xbridge("cache", "--format", "json", env=env).stdout)["caches"]
+    assert [(r["name"], r["files"], r["not_a_cache"]) for r in after] == [("jax", 0, ["my-notes.txt"])]
 
 
 def test_cache_folders_are_the_users_alone(tmp_path, monkeypatch):
@@ -89,3 +93,21 @@ def test_cache_folders_are_the_users_alone(tmp_path, monkeypatch):
     path = cache_dir("jax")
     assert path == root / "jax"
     assert (root.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o700)
+
+
+def test_a_cache_folder_that_cannot_be_one_is_one_line(tmp_path):
+    """XBRIDGE_CACHE_DIR naming a file, and a folder other users may write into (the compilers load code from it):
+    refused before anything runs, naming the variable."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    proc = _xbridge("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--steps", "1",
+                    env={**_env(tmp_path, "1"), "XBRIDGE_CACHE_DIR": str(afile)})
+    assert proc.returncode == 2 and f"XBRIDGE_CACHE_DIR {str(afile)!r}: {str(afile)!r} cannot be a folder" \
+        in one_error_line(proc)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    proc = _xbridge("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--steps", "1",
+                    env={**_env(tmp_path, "1"), "XBRIDGE_CACHE_DIR": str(shared)})
+    assert proc.returncode == 2 and "can be written by other users (mode 777)" in one_error_line(proc)
+    assert afile.read_text() == "mine" and list(shared.iterdir()) == []

@@ -443,3 +443,24 @@ def test_every_sampler_draws_eagers_numbers_on_torchax():
             assert torch.allclose(got, value, rtol=1e-5, atol=1e-6), name
         else:
             assert torch.equal(got, value), name
+
+
+# -- --rng native: one command run twice is one run, and a resume continues it (issue 43) -----------------------------
+@pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.parametrize("target", ["eager-cpu", "jax-cpu", "xla-cpu"])
+def test_native_draws_come_from_the_programs_seed_and_resume_where_they_were(target, tmp_path):
+    """torch seeds its generator from the operating system, torchax its key from torch's and torch_xla its device
+    generator once per process: without the program's seed in each, two runs of one command drew other dropout masks
+    (losses apart from step 0), and a resume drew another stream."""
+    ck = str(tmp_path / "ck")
+    common = ("run", STOCHASTIC, "--backend", target, "--rng", "native", "--format", "json")
+    whole = run_cli(*common, "--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", ck)
+    again = run_cli(*common, "--steps", "2")
+    rest = run_cli(*common, "--steps", "4", "--resume", f"{ck}/step-00000002")
+    for proc in (whole, again, rest):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    losses = [s["loss"] for s in json.loads(whole.stdout)["steps"]]
+    assert len(set(losses)) == 4
+    assert [s["loss"] for s in json.loads(again.stdout)["steps"]] == losses[:2]
+    assert [s["loss"] for s in json.loads(rest.stdout)["steps"]] == losses[2:]

@@ -2,13 +2,17 @@
 (``$XDG_CACHE_HOME`` is honoured). Kept between runs, so a second run of a program loads what the first compiled
 (Inductor's FX-graph and AOTAutograd caches, JAX's persistent compilation cache, torch_xla's on TPU).
 
-``xbridge cache`` lists them with their sizes; ``xbridge cache --clear [NAME ...]`` empties them.
+``xbridge cache`` lists them with their sizes; ``xbridge cache --clear [NAME ...]`` empties them of what the
+frameworks wrote there, by the names each writes (:data:`WRITTEN`): anything else in a cache folder (a user's own
+file) is listed and left.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,18 @@ KNOWN = {"inductor": "Inductor FX-graph, AOTAutograd and generated-code caches (
 OVERRIDES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "jax": "JAX_COMPILATION_CACHE_DIR"}
 
 
+# What each framework writes in its cache folder, by entry name at the folder's top: Inductor's generated code in
+# two-character buckets and its named subfolders (torch/_inductor/codecache.py, _functorch/_aot_autograd/
+# autograd_cache.py); JAX's persistent cache entries KEY-cache and KEY-atime (jax/_src/lru_cache.py); torch_xla's
+# entries are named by their hash.
+WRITTEN = {
+    "inductor": re.compile(r"[a-z0-9]{2}|aotautograd|fxgraph|locks|cache|gcc|precompiled_headers|torch_cutlass|"
+                           r"aoti_eager|dynamo|triton"),
+    "jax": re.compile(r".+-(cache|atime)"),
+    "torch_xla": re.compile(r"-?(0x)?[0-9a-fA-F]+"),
+}
+
+
 def cache_root() -> Path:
     root = os.environ.get("XBRIDGE_CACHE_DIR")
     if root:
@@ -29,13 +45,30 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xbridge"
 
 
+def _named_root() -> str:
+    return "XBRIDGE_CACHE_DIR" if os.environ.get("XBRIDGE_CACHE_DIR") else "the cache folder"
+
+
 def cache_dir(name: str) -> Path:
     """The cache folder ``name``, created (with the root) readable and writable by the user alone (0700): the
-    compilers load what they find there (Inductor's generated code, serialized executables)."""
+    compilers load what they find there (Inductor's generated code, serialized executables), so a folder others
+    may write into is refused (world-writable)."""
     root = cache_root()
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = root / name
-    path.mkdir(mode=0o700, exist_ok=True)
+    for folder in (root, path):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"{_named_root()} {str(root)!r}: {str(folder)!r} cannot be a folder (a file is in "
+                              "the way)") from None
+        except PermissionError:
+            raise ConfigError(f"{_named_root()} {str(root)!r}: {str(folder)!r} cannot be created here "
+                              "(permission denied)") from None
+        mode = folder.stat().st_mode
+        if mode & stat.S_IWOTH:
+            raise ConfigError(f"{_named_root()}: {str(folder)!r} can be written by other users (mode "
+                              f"{stat.S_IMODE(mode):o}); the compilers load code from it: chmod 700 it or choose "
+                              "another folder")
     return path
 
 
@@ -48,9 +81,20 @@ class CacheInfo:
     name: str
     path: str
     what: str
-    files: int
+    files: int                     # the framework's files (what --clear removes)
     bytes: int
     overridden_by: str | None      # an environment variable that sends this cache elsewhere in this shell
+    not_a_cache: tuple[str, ...] = ()   # entries the framework did not write: listed, never removed
+
+
+def _entries(path: Path, kind: str) -> tuple[list[Path], list[Path]]:
+    """The folder's top entries the framework wrote, and the others."""
+    written: list[Path] = []
+    other: list[Path] = []
+    for entry in sorted(path.iterdir()):
+        mine = WRITTEN[kind].fullmatch(entry.name) and not entry.is_symlink()
+        (written if mine else other).append(entry)
+    return written, other
 
 
 def describe() -> list[CacheInfo]:
@@ -59,18 +103,22 @@ def describe() -> list[CacheInfo]:
     names = sorted(p.name for p in root.iterdir() if p.is_dir() and _kind(p.name)) if root.is_dir() else []
     out = []
     for name in names:
-        files = [p for p in (root / name).rglob("*") if p.is_file() and not p.is_symlink()]
         kind = _kind(name)
         assert kind is not None
+        written, other = _entries(root / name, kind)
+        files = [f for entry in written for f in ([entry] if entry.is_file() else entry.rglob("*"))
+                 if f.is_file() and not f.is_symlink()]
         override = OVERRIDES.get(kind)
         out.append(CacheInfo(name, str(root / name), KNOWN[kind], len(files), sum(p.stat().st_size for p in files),
-                             override if override and os.environ.get(override) else None))
+                             override if override and os.environ.get(override) else None,
+                             tuple(entry.name for entry in other)))
     return out
 
 
 def clear(names: list[str]) -> list[CacheInfo]:
-    """Empty the named caches (all of them when ``names`` is empty); return what was removed. Only folders that
-    are xbridge caches are touched: an unknown name is refused before anything is removed."""
+    """Empty the named caches (all of them when ``names`` is empty) of the frameworks' entries; return what was
+    removed (with the entries left). Only folders that are xbridge caches are touched: an unknown name is refused
+    before anything is removed."""
     present = {info.name: info for info in describe()}
     for name in names:
         if _kind(name) is None:
@@ -78,5 +126,11 @@ def clear(names: list[str]) -> list[CacheInfo]:
                               "(torch_xla-DEVICE for torch_xla)")
     chosen = [present[n] for n in names if n in present] if names else list(present.values())
     for info in chosen:
-        shutil.rmtree(info.path)
+        kind = _kind(info.name)
+        assert kind is not None
+        for entry in _entries(Path(info.path), kind)[0]:
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
     return chosen

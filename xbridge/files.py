@@ -1,9 +1,16 @@
 """Result files, written atomically (a reader never sees half a file), and the arrays xbridge exchanges between
-processes (.npz, never unpickled)."""
+processes (.npz, never unpickled).
+
+Nothing of the user's is replaced: every file xbridge writes goes through :func:`write_atomic`, which notes its name
+in the folder's ledger (``.xbridge-written``, one name a line); an existing file at an output path is replaced only
+when that ledger names it. The commands check their output paths before any work (:func:`check_writable` with the
+names a command writes, :func:`check_file_writable`); the write itself checks again.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -13,13 +20,46 @@ from typing import Any
 
 from .errors import ConfigError
 
+LEDGER = ".xbridge-written"
 
-def check_writable(directory: Path, flag: str) -> None:
-    """Fail early (before any work) if ``directory`` cannot hold results."""
+
+def written_by_xbridge(path: Path) -> bool:
+    """Whether ``path`` is a file xbridge wrote (named in its folder's ledger)."""
+    try:
+        names = (path.parent / LEDGER).read_text(encoding="utf-8").splitlines()
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return False
+    return path.name in names
+
+
+def check_replaceable(path: Path, flag: str) -> None:
+    """Refuse an output path that holds something xbridge did not write (a user's file or folder)."""
+    if path.is_dir() and not path.is_symlink():
+        raise ConfigError(f"{flag}: {str(path)!r} is a folder where xbridge writes a file; move it or choose "
+                          "another path")
+    if (path.exists() or path.is_symlink()) and not written_by_xbridge(path):
+        raise ConfigError(f"{flag}: {str(path)!r} exists and xbridge did not write it; xbridge never replaces a "
+                          "file of yours: move it or choose another path")
+
+
+def _note_written(path: Path) -> None:
+    ledger = path.parent / LEDGER
+    with open(ledger, "a+", encoding="utf-8") as handle:      # several processes may write into one folder
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        if path.name not in handle.read().splitlines():
+            handle.write(path.name + "\n")
+
+
+def check_writable(directory: Path, flag: str, writes: tuple[str, ...] = ()) -> None:
+    """Fail early (before any work) if ``directory`` cannot hold results, or if one of the files ``writes`` names
+    (relative to it) exists there and xbridge did not write it."""
     _check_names(directory, flag)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{flag} {str(directory)!r} exists and is not a directory")
     _check_creatable(directory, flag)
+    for name in writes:
+        check_replaceable(directory / name, flag)
 
 
 def check_file_writable(path: Path, flag: str) -> None:
@@ -31,6 +71,7 @@ def check_file_writable(path: Path, flag: str) -> None:
     _check_creatable(path.parent, flag, shown=path)
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{flag} {str(path)!r} exists and is not writable")
+    check_replaceable(path, flag)
 
 
 def _check_names(path: Path, flag: str) -> None:
@@ -58,8 +99,10 @@ def _check_creatable(directory: Path, flag: str, shown: Path | None = None) -> N
 
 
 def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> Path:
-    """Write through a temporary file in the same directory, fsync, then rename: readers never see half a file."""
+    """Write through a temporary file in the same directory, fsync, then rename: readers never see half a file.
+    A file already there is replaced only if xbridge wrote it (:func:`check_replaceable`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_replaceable(path, "output")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, mode) as handle:
@@ -67,11 +110,16 @@ def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> P
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _note_written(path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return write_atomic(path, lambda handle: handle.write(text))
 
 
 def write_json(path: Path, data: Any) -> Path:

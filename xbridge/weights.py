@@ -30,10 +30,9 @@ def to_numpy_state(model: Any) -> dict[str, np.ndarray]:
 def initial_weights(program: Program) -> dict[str, np.ndarray]:
     """The program's initial weights: the model built under ``torch.manual_seed(program.seed)`` on the CPU in
     float32, as numpy under the state_dict names. Built once, handed to every backend."""
-    import torch
+    from .torch.seeding import seeded
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(program.seed)
+    with seeded(program.seed):
         model = program.model()
     return to_numpy_state(model)
 

@@ -8,6 +8,7 @@ import torch
 
 from xbridge.contract import Target
 from xbridge.errors import BackendUnavailable
+from xbridge.files import write_text
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.torch.executable import TorchExecutable
@@ -23,5 +24,5 @@ class EagerExecutable(TorchExecutable):
     def dump(self, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "eager_module.txt"
-        path.write_text(f"# eager compiles nothing; this is the module tree it runs op by op\n{self.model!r}\n")
+        write_text(path, f"# eager compiles nothing; this is the module tree it runs op by op\n{self.model!r}\n")
         return [path]

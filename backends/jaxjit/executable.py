@@ -25,6 +25,7 @@ from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
 from xbridge.data.source import checked_batch
 from xbridge.errors import BackendUnavailable
+from xbridge.files import write_text
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
@@ -306,7 +307,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         with matmul_precision(self.program.precision.compute):
             lowered = self.jitted.lower(self.state, self._last_batch)
         stablehlo = directory / f"jax_{self.mode}_step.stablehlo.mlir"
-        stablehlo.write_text(lowered.as_text())
+        write_text(stablehlo, lowered.as_text())
         hlo = directory / f"jax_{self.mode}_step.optimized.hlo.txt"
-        hlo.write_text(lowered.compile().as_text())
+        write_text(hlo, lowered.compile().as_text())
         return [stablehlo, hlo]

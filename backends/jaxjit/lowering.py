@@ -26,6 +26,7 @@ from xbridge import hints
 from xbridge.errors import LoweringError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
+from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import torch_dtype
 
 from . import autocast, patches
@@ -62,6 +63,9 @@ class LoweredLoss:
     def __init__(self, program: Program, model: torch.nn.Module) -> None:
         self.program = program
         self.env = torchax.default_env()
+        # --rng native's draws (torchax splits this key at each random op): from the program's seed, not from
+        # torch.initial_seed() as torchax seeds it (which torch draws from the operating system)
+        self.env.param.prng = jax.random.key(training_seed(program.seed))
         self.module = interop.JittableModule(model, dedup_parameters=True)
         self.tracker = ModuleTracker(model)
         ids = {id(t): name for name, t in self.module.params.items()}

@@ -30,6 +30,7 @@ from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.layer_stacks import StackedParams
+from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 
 from . import attention, compile_log, layer_scan, ops, remat
@@ -116,6 +117,8 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
                                           lambda tensor, spec: xs.mark_sharding(tensor, self.mesh, spec))
         # Optimizer state is created by the first step from the (sharded) parameters and inherits their sharding.
         self.train_step = TrainStep(self.program, self.model, self.device, on_device=True, stacked=self.stacked)
+        xm.set_rng_state(training_seed(self.program.seed), self.device)      # the device's own generator
+        self._rng_resumed: int | None = None
         if self.mode == "openxla":
             check_importable(self.program, self.model)
             # Dynamo captures the loss; static shapes (each XLA graph is for one shape anyway).
@@ -143,6 +146,9 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
     def step(self, batch: Any) -> dict[str, float]:
         tensors = self.put(batch) if on_host(batch) else batch
         lr = self.train_step.lr
+        if self._rng_resumed is not None:     # set just before the step: any graph run in between moves it
+            xm.set_rng_state(self._rng_resumed, self.device)
+            self._rng_resumed = None
         with hints.activate(self._hint), self._attention(), host_values_named(self.program.name):
             loss, norm = self.compiled(tensors)
         return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item())}   # .item() waits for the device
@@ -164,7 +170,12 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
 
     def training_state(self) -> dict[str, np.ndarray]:
         with self._host_export():
-            return super().training_state()
+            state = super().training_state()
+        # --rng native draws on the XLA device from torch_xla's own generator state (an integer), kept so that a
+        # resume on xla draws what the run would have drawn. torch_xla advances it at every graph run, random or
+        # not (torch_xla 2.9), so a resume sets it just before its first step, where the run read it
+        state["rng/xla"] = np.array(xm.get_rng_state(self.device), dtype=np.uint64)
+        return state
 
     @contextlib.contextmanager
     def _host_export(self) -> Iterator[None]:
@@ -181,6 +192,8 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         """torch.optim's load_state_dict moves the state to the parameter's device but not its sharding: state
         that mirrors a parameter is sharded like it, as the first step would have created it."""
         self.train_step.import_state(state)
+        if "rng/xla" in state:
+            self._rng_resumed = int(state["rng/xla"])
         names = {id(p): n for n, p in self.train_step.named_parameters()}
         for param, entries in self.train_step.optimizer.state.items():
             for value in entries.values():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, LoweringError
+from ..files import write_text
 from . import hlo
 from .record import CompiledProgram
 from .topology import Topology
@@ -80,7 +81,7 @@ def write_dump(dump: Path | None, name: str, texts: dict[str, str]) -> None:
         return
     dump.mkdir(parents=True, exist_ok=True)
     for suffix, text in texts.items():
-        (dump / f"{name.replace(' ', '_')}.{suffix}").write_text(text)
+        write_text(dump / f"{name.replace(' ', '_')}.{suffix}", text)
 
 
 def _number(value: Any) -> float | None:

@@ -56,9 +56,10 @@ def compile_command(
         from ..aot.fit import with_batch
 
         prog = with_batch(prog, batch)
-    for path, flag in ((dump, "--dump"), (out, "--out")):
-        if path is not None:
-            check_writable(path, flag)
+    if dump is not None:
+        check_writable(dump, "--dump")
+    if out is not None:
+        check_writable(out, "--out", ("compile.json",))
     report = compile_program(prog, backend, slice_, backend_options, dump)
     document = report.to_json()
     found = None

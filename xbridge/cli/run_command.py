@@ -97,7 +97,7 @@ def run(
     prog = load_with_overrides(program, precision, seed, mesh, rng, remat, attention)
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
-        check_writable(out, "--out")
+        check_writable(out, "--out", ("run.json",))
     if dump is not None:
         check_writable(dump, "--dump")
     if tensorboard is not None:

@@ -242,6 +242,8 @@ def print_caches(record: dict[str, Any]) -> None:
     for row in record["caches"]:
         what = row["what"] + (f" [yellow](not used now: {row['overridden_by']} is set)[/]" if row["overridden_by"]
                               else "")
+        if row.get("not_a_cache"):
+            what += f" [yellow](left, not the framework's: {escape(', '.join(row['not_a_cache']))})[/]"
         table.add_row(row["name"], str(row["files"]), _bytes(row["bytes"]), what)
     console.print(table)
     if not record["caches"]:

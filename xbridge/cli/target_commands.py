@@ -53,7 +53,7 @@ def over_targets(command: str, program_path: str, out: Path, format: Format, **f
     options = getattr(job, f"{command.capitalize()}Options")(targets=target_list(fields.pop("backends")), **fields)
     prog = load_with_overrides(program_path, options.precision, mesh=options.mesh, rng=options.rng,
                                remat=options.remat, attention=options.attention)
-    check_writable(out, "--out")
+    check_writable(out, "--out", job.OUTPUTS)
     with target_progress(enabled=format is Format.human, label=f"{command} {prog.name}") as tick:
         record = getattr(job, command)(program_path, prog, options, out, progress=tick)
     emit(record, format, getattr(tables, f"print_{command}"))

@@ -77,6 +77,8 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int,
     return out
 
 
+# The files compare writes into --out (checked before the race: none may be a file xbridge did not write).
+OUTPUTS = ("results.json", "results.csv", "report.md", "loss_deviation.png", "step_time.png", "mfu.png")
 CSV_FIELDS = ["target", "status", "devices", *(f.name for f in dataclasses.fields(TargetMetrics)), "error"]
 
 

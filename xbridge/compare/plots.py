@@ -68,7 +68,9 @@ def draw(out: Path, record: CompareRecord) -> list[Path]:
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
+    from ..files import write_atomic
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda handle: fig.savefig(handle, dpi=110, format="png"), mode="wb")
     plt.close(fig)
     return path

@@ -98,6 +98,10 @@ class TargetOutcome:
         return [e.loss for e in self.run.result.evals]
 
 
+# The files parity writes into --out itself (checked before any run; each run checks its own under runs/, states/).
+OUTPUTS = ("parity.json", "initial_weights.npz", "initial_weights_ulp.npz")
+
+
 def _run(program_ref: str, target: str, options: ParityOptions, out: Path, weights_file: Path,
          precision: str | None, tag: str, census: bool = False) -> TargetOutcome:
     state = out / "states" / f"{tag}.npz"

@@ -26,6 +26,8 @@ from xbridge.ir.precision import Precision
 from xbridge.ir.program import Program
 from xbridge.weights import tensor_to_numpy, to_numpy_state
 
+from .seeding import seeded, training_seed
+
 if TYPE_CHECKING:
     from .layer_stacks import StackedParams
 
@@ -52,9 +54,7 @@ def build_model(program: Program, weights: dict[str, np.ndarray] | None, device:
     """Build the module, load ``weights`` (strictly: every name must match) and store it in the params dtype.
     ``weights=None``: the module keeps the values it was built with (a caller that feeds its parameters and buffers
     from elsewhere: jax)."""
-    with torch.random.fork_rng(devices=[]), (torch.device("meta") if device.type == "meta"
-                                             else contextlib.nullcontext()):
-        torch.manual_seed(program.seed)
+    with seeded(program.seed), (torch.device("meta") if device.type == "meta" else contextlib.nullcontext()):
         model = program.model()     # on the meta device: built as shapes (xbridge compile), nothing initialised
     if weights is not None:
         state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
@@ -237,6 +237,7 @@ class TrainStep:
         self.stacked = stacked if stacked else None
         self.device_type = device.type
         self.updates = 0
+        torch.manual_seed(training_seed(program.seed))      # --rng native's draws: the same in every run
         self.optimizer = make_optimizer(program, self.parameters(), on_device, foreach)
         if compile:
             # A new train step compiles as a fresh process would (the on-disk caches stay): Dynamo keeps the entries
