@@ -283,6 +283,16 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", BAD_DATA + ":not_array", "--steps", "3"], "data Spoiled, step 2: key 'y' is a list, not a numpy array"),
     (["run", BAD_DATA + ":not_dict", "--steps", "3"], "data Spoiled, step 2: batch() returned list, not a dict of arrays"),
     (["run", BAD_DATA + ":short_batch", "--steps", "3"], "data Spoiled, step 2: key 'x' has shape [10, 64], it was [64, 64] at step 0"),
+    (["run", str(FIXTURES / "counted_loss.py") + ":no_labels", "--steps", "3"], "step 1: the loss's xb.LossSum count is 0 over the whole batch"),
+    (["run", str(FIXTURES / "counted_loss.py") + ":no_labels", "--steps", "3", "--backend", "xla-cpu"], "step 1: the loss's xb.LossSum count is 0 over the whole batch"),
+    (["run", str(FIXTURES / "counted_loss.py") + ":negative_count", "--backend", "jax-cpu"], "step 0: the loss's xb.LossSum count is negative over the whole batch"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers", "--backend", "jax-cpu"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers", "--backend", "xla-cpu"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
+    (["run", BAD_DATA + ":described_array"], "data Described.describe(): field 'mean' is not JSON (type ndarray)"),
+    (["run", BAD_DATA + ":huge_labels", "--backend", "jax-cpu", "--steps", "3"], "data Spoiled, step 1: key 'y' holds the int64 value 2147483648, outside int32, which the jax targets compute integers in"),
+    (["run", BAD_DATA + ":reserved_key", "--backend", "jax-cpu"], "data Spoiled, step 0: batch key 'xbridge.rng' is reserved for --rng portable; rename it"),
+    (["run", BAD_DATA + ":reserved_key", "--backend", "xla-cpu"], "data Spoiled, step 0: batch key 'xbridge.rng' is reserved for --rng portable; rename it"),
     (["run", BAD_DATA + ":empty_file"], "bad_data.py: TokenFile: data file 'empty.bin' is empty"),
     (["run", BAD_DATA + ":big_ids"], "bad_data.py: TokenFile 'big_ids.bin': token id 300 is outside the vocabulary (vocab_size 256)"),
     (["run", BAD_DATA + ":odd_size"], "bad_data.py: TokenFile 'odd.bin': 3 bytes is not a whole number of uint16 tokens"),
@@ -310,6 +320,8 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["compare", MLP, "--backends", "jax-cpu", "--reference", "xla-cpu"],
      "--reference 'xla-cpu': the reference must be an eager target"),
     (["compare", MLP, "--steps", "1"], "compare needs --steps >= 2 and 0 < --warmup < --steps, got 1 and 0"),
+    (["compare", MLP, "--backends", "xla-cpu:xla-mode=lazy:xla-mode=openxla"],
+     "target variant 'xla-cpu:xla-mode=lazy:xla-mode=openxla': xla-mode is given twice ('lazy' and 'openxla')"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -30,10 +31,11 @@ def test_run_json_and_run_file(tmp_path):
 
 
 def test_run_human_summary_and_overrides():
-    proc = run_cli("run", MLP, "--steps", "4", "--precision", "bf16-mixed", "--seed", "3")
+    proc = run_cli("run", MLP, "--steps", "4", "--precision", "bf16-mixed", "--seed", "3", "--matmul-dtypes")
     assert proc.returncode == 0, proc.stderr
     assert "mlp on eager-cpu (bf16-mixed, 1 device(s)" in proc.stdout
     assert "recompiles after warm-up" in proc.stdout and "loss first -> final" in proc.stdout
+    assert re.search(r"matrix products by dtype \(forward\) +│ +bfloat16 x3 │", proc.stdout), proc.stdout
 
 
 def test_backends_table_and_json():

@@ -37,3 +37,24 @@ def test_only_the_listed_messages_are_dropped():
     assert "Defaulting" not in quiet and "No CUDA runtime" not in quiet
     assert "kept: root" in quiet and "kept: cpp_extension" in quiet
     assert "No CUDA runtime is found" in _stderr(code, silenced=False)
+
+
+def test_native_lines_are_dropped_by_fragment_and_the_rest_kept():
+    code = ("import os\nfrom xbridge.run.framework_noise import native_lines_dropped\n"
+            "with native_lines_dropped(('drop me',)):\n"
+            "    os.write(2, b'kept: one\\nplease drop me now\\nkept: two\\n')\n"
+            "os.write(2, b'after: drop me stays outside the block\\n')\n")
+    assert _stderr(code, silenced=False) == "kept: one\nkept: two\nafter: drop me stays outside the block\n"
+
+
+@pytest.mark.slow
+def test_jaxs_profiler_tensorflow_lines_are_dropped():
+    pytest.importorskip("jax", reason="the jax backend is not installed (pip install 'xbridge[jax]')")
+    work = "import jax, pathlib, tempfile\nd = tempfile.mkdtemp()\n"
+    raw = work + "jax.profiler.start_trace(d)\njax.numpy.ones(3).block_until_ready()\njax.profiler.stop_trace()\n"
+    quiet = (work + "from xbridge.backends.jaxjit.executable import _trace\n"
+             "with _trace(pathlib.Path(d)):\n    jax.numpy.ones(3).block_until_ready()\n"
+             "assert list(pathlib.Path(d).rglob('*.xplane.pb'))\n")
+    line = "Can't import tensorflow.python.profiler.trace"
+    assert _stderr(raw, silenced=False).count(line) == 2
+    assert line not in _stderr(quiet, silenced=False)

@@ -301,3 +301,30 @@ def test_a_long_compile_keeps_saying_so(tmp_path, monkeypatch):
     heartbeat.unlink()
     time.sleep(0.3)
     assert not heartbeat.exists()
+
+
+def test_a_coordinator_that_does_not_answer_is_one_line_within_the_join_timeout():
+    """A launcher's environment names a coordinator nobody listens on: JAX retried for its own 300 s in silence;
+    the join now gives up after XBRIDGE_JOIN_TIMEOUT seconds (default 60) with the address and the time."""
+    from xbridge.processes import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    env = {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
+           "XBRIDGE_JOIN_TIMEOUT": "5"}
+    start = time.monotonic()
+    proc = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--processes", "cluster", "--steps", "2",
+                   env=env)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert one_error_line(proc).startswith(f"error: jax.distributed.initialize could not join the job at coordinator "
+                                           f"{address} within 5 s (XBRIDGE_JOIN_TIMEOUT): ")
+
+
+def test_replicas_that_start_apart_are_one_line(tmp_path):
+    """Each process builds the initial weights; a builder seeding from its process id builds other ones in each.
+    Before, training went on with replicas that disagreed; now the processes compare them before the first step."""
+    proc = run_cli("run", str(FIXTURES / "per_process_weights.py"), "--backend", "jax-cpu", "--processes", "2",
+                   "--steps", "2")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert ("the model builder gave process 1 other initial weights than process 0, first in '0.weight': it draws "
+            "from something xbridge does not seed") in error_line(proc)

@@ -113,10 +113,12 @@ def test_torch_xla_on_tpu_keeps_a_persistent_cache_and_on_cpu_none(tmp_path, mon
                             lambda path, readonly: calls.append(("initialize_cache", path, readonly)))
         executable.start_runtime()
         assert calls == [("use_spmd",), *expected]
-    (tmp_path / "torch_xla-tpu" / "entry").parent.mkdir(exist_ok=True)
-    (tmp_path / "torch_xla-tpu" / "entry").write_bytes(b"x" * 10)
+    entry = tmp_path / "torch_xla-tpu" / "5d1f00c4a9b2e8a1"      # an executable under its graph hash
+    entry.parent.mkdir(exist_ok=True)
+    entry.write_bytes(b"x" * 10)
+    (entry.parent / "notes.txt").write_text("mine")                # not the framework's: listed apart
     listed = {info.name: info for info in cache.describe()}
-    assert listed["torch_xla-tpu"].bytes == 10
+    assert listed["torch_xla-tpu"].bytes == 10 and listed["torch_xla-tpu"].not_a_cache == ("notes.txt",)
     assert "TPU" in listed["torch_xla-tpu"].what
 
 

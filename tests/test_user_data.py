@@ -279,3 +279,54 @@ def test_a_source_that_refills_one_buffer_gets_a_copy_per_step():
     third = check(source.batch(2, 0), 2)["x"]
     assert second is not source.buffer and third is not source.buffer
     assert second[0, 0] == 1 and third[0, 0] == 2
+
+
+# ------------------------------------------------------------------ a forward that changes its input in place (issue 43)
+
+def test_a_forward_that_scales_its_input_in_place_leaves_the_users_arrays_alone():
+    """The source hands out views of the arrays it keeps and the forward does ``x.mul_(2)``: eager used to change
+    the user's arrays (its batch tensor shared their memory), so from step 4 on (the source's batches go round every
+    4 steps) eager trained on other data than jax, and parity failed with no cause. Each stack gets its own copy."""
+    from xbridge.program_file import load_program
+    from xbridge.run.loop import RunOptions, run
+
+    program = load_program(str(ROOT / "tests" / "fixtures" / "mutating_forward.py"))
+    source = program.data
+    eager = run(program, "eager-cpu", RunOptions(steps=6, warmup=1))
+    np.testing.assert_array_equal(source.x, source.original)
+    jax = run(program, "jax-cpu", RunOptions(steps=6, warmup=1))
+    np.testing.assert_array_equal(source.x, source.original)
+    np.testing.assert_allclose(jax.losses, eager.losses, rtol=2e-5)
+
+
+# ------------------------------------------------------------------ bfloat16 data (issue 43)
+
+def test_bfloat16_data_arrives_as_float32_exactly(tmp_path):
+    """numpy has no bfloat16: a safetensors file of bf16 tensors (safetensors.numpy raises TypeError on it) and a
+    collate that stacks bf16 torch tensors used to fail without naming the file or key. Both widen to float32,
+    which holds every bfloat16 exactly; the step then casts floating data to the precision's parameter dtype."""
+    import safetensors.torch
+    import torch
+
+    import xbridge as xb
+    from xbridge.data.source import checked_batch
+
+    x = torch.randn(64, 8).to(torch.bfloat16)
+    y = torch.arange(64) % 3
+    safetensors.torch.save_file({"x": x, "y": y, "h": x.half()}, str(tmp_path / "bf.safetensors"))
+    arrays = xb.data.Arrays(str(tmp_path / "bf.safetensors"), batch_size=16, shuffle=False)
+    batch = checked_batch(arrays, 0, 0)
+    assert {k: v.dtype for k, v in batch.items()} == {"x": np.float32, "y": np.int64, "h": np.float16}
+    np.testing.assert_array_equal(batch["x"], x[:16].float().numpy())
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return {"x": x[i], "y": y[i]}
+
+    records = xb.data.Records(Rows(), batch_size=16, shuffle=False)
+    batch = checked_batch(records, 1, 0)
+    assert batch["x"].dtype == np.float32
+    np.testing.assert_array_equal(batch["x"], x[16:32].float().numpy())

@@ -44,12 +44,16 @@ class DistributedTrainStep(TrainStep):
         self.batch_group: dist.ProcessGroup | None = None    # set by the engine: the ranks that split the batch
         self.batch_parts = 1
 
-    def normaliser(self, count: torch.Tensor) -> float:
+    def global_count(self, count: torch.Tensor) -> float:
+        """The count summed over the ranks that split the batch."""
+        if self.batch_group is not None:
+            dist.all_reduce(count, op=dist.ReduceOp.SUM, group=self.batch_group)
+        return float(count)
+
+    def normaliser(self, count: torch.Tensor | float) -> float:
         """``batch_parts / global count``: FSDP2 averages the gradients over the batch axis, and the returned loss
         is averaged over it too (:meth:`RankEngine._batch_mean`); both must come out as the global total over the
         global count."""
-        if self.batch_group is not None:
-            dist.all_reduce(count, op=dist.ReduceOp.SUM, group=self.batch_group)
         items = float(count)
         return self.batch_parts / items if items > 0 else float(self.batch_parts)
 
@@ -154,7 +158,7 @@ class RankEngine(InductorExecutable):
         lr = self.train_step.lr
         with hints.activate(self._hints):
             loss, norm = self.train_step(tensors)
-        return {"loss": self._batch_mean(loss), "lr": lr, "grad_norm": float(norm)}
+        return {"loss": self._batch_mean(loss), "lr": lr, "grad_norm": float(norm), **self.train_step.counted()}
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:
         local = local_rows(batch, self.batch_parts, self.batch_index, 1)

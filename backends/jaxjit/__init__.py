@@ -84,16 +84,17 @@ class JaxBackend(Backend, AheadOfTime):
         if found is not None and processes != job.CLUSTER and found[1] != processes:
             raise ConfigError(f"--processes {processes}, but {job.COUNT}={found[1]} in the environment")
         kwargs = {} if found is None else {"num_processes": found[1], "process_id": found[0]}
+        timeout = job.join_timeout_s()
         try:
-            jax.distributed.initialize(**kwargs)   # type: ignore[arg-type]
+            jax.distributed.initialize(**kwargs, initialization_timeout=timeout)   # type: ignore[arg-type]
         except ValueError as exc:       # nothing says where the job is
             raise ConfigError(f"--processes {processes}: no job to join ({str(exc).splitlines()[0]}); JAX looks for "
                               f"Slurm, Open MPI, Cloud TPU or Kubernetes, or {job.COORDINATOR} with {job.COUNT} and "
                               f"{job.INDEX} (docs/multi-process.md)") from None
         except RuntimeError as exc:     # the coordinator cannot be reached: the environment
             raise RunError(f"jax.distributed.initialize could not join the job at coordinator "
-                           f"{os.environ.get(job.COORDINATOR, '(from the cluster environment)')}: "
-                           f"{str(exc).splitlines()[0]}") from None
+                           f"{os.environ.get(job.COORDINATOR, '(from the cluster environment)')} within {timeout} s "
+                           f"({job.JOIN_TIMEOUT}): {str(exc).splitlines()[0]}") from None
         self.configure(device, devices)      # this process's devices, before JAX starts its backends
         if device == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +24,21 @@ from jax.sharding import PartitionSpec as P
 from xbridge import hints, processes
 from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
-from xbridge.data.source import checked_batch
+from xbridge.data.source import checked_batch, source_name
 from xbridge.errors import BackendUnavailable
 from xbridge.files import write_text
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
 from xbridge.planner import ShardingPlan
+from xbridge.run import framework_noise
 from xbridge.run.profile import STEP_MARK
 from xbridge.run.rng import rng_rows
 from xbridge.torch import remat as shared_remat
+from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import build_model, tensor_to_numpy
 
 from . import attention, checkpoint_shards, layer_scan, ops, optimizers, remat, step_builders
-from .feeding import BatchFeed, to_jax_dtype
+from .feeding import BatchFeed, check_int32, to_jax_dtype
 from .layer_stacks import Stacks
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 from .state_io import JaxState
@@ -46,6 +49,18 @@ _DURATIONS = {"/jax/core/compile/jaxpr_trace_duration": "trace (torchax + jaxpr)
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower to StableHLO",
               "/jax/core/compile/backend_compile_duration": "XLA compile or cache load"}
 _counts: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def _trace(directory: Path) -> Iterator[None]:
+    """``jax.profiler.trace``, without the TraceMe lines jaxlib logs where TensorFlow is not installed."""
+    with framework_noise.native_lines_dropped():
+        jax.profiler.start_trace(str(directory))
+    try:
+        yield
+    finally:
+        with framework_noise.native_lines_dropped():
+            jax.profiler.stop_trace()
 
 
 def _count_event(event: str, **kwargs: str | int) -> None:
@@ -108,6 +123,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         self.scanner = layer_scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
         ops.register()
         self.lowered = LoweredLoss(program, model)
+        self.native_key = jax.random.key(training_seed(program.seed))   # --rng native: folded with each step
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
                              else hints.checker(self.plan.axis_sizes))
         self.names = list(weights)
@@ -173,16 +189,17 @@ class JaxExecutable(JaxState, Probes, Profiling):
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
 
-    def loss_of(self, params: dict[str, Any], buffers: Any, batch: Any) -> Any:
+    def loss_of(self, params: dict[str, Any], buffers: Any, batch: Any, key: jax.Array | None = None) -> Any:
         """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its
-        attention calls routed to the kernel ``StepOptions(attention=...)`` forces (backends/jaxjit/attention.py)."""
+        attention calls routed to the kernel ``StepOptions(attention=...)`` forces (backends/jaxjit/attention.py);
+        ``key``: the step's ``--rng native`` key (:meth:`LoweredLoss.__call__`)."""
         rows = tuple(spec_axes(self.plan.batch[:1]))      # the mesh axes the batch's rows are split over
         with attention.routed(self.program.step.attention, mesh=self.mesh, batch_axes=rows):
             if not self.stacks:
-                return self.lowered(params, buffers, batch)
+                return self.lowered(params, buffers, batch, key)
             assert self.scanner is not None
             with self.scanner.given({self.stacks.relative(k): params[k] for k in self.stacks.groups}):
-                return self.lowered(self.stacks.unstack(params), buffers, batch)
+                return self.lowered(self.stacks.unstack(params), buffers, batch, key)
 
     def _state_specs(self, state: dict[str, Any]) -> dict[str, Any]:
         """Parameters as planned; optimizer-state leaves that mirror a parameter follow it; the rest replicated."""
@@ -207,7 +224,9 @@ class JaxExecutable(JaxState, Probes, Profiling):
     def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], dict[str, np.ndarray]]) -> Any:
         """Several processes: each reads and checks only the rows its own devices hold (backends/jaxjit/feeding.py)."""
         if self.processes == 1:
-            return super().fetch(source, step, seed, check)
+            batch = check(source.batch(step, seed), step)
+            check_int32(batch, f"data {source_name(source)}, {getattr(check, 'label', 'step')} {step}")
+            return self.put(batch)
         return self.feed.fetch(source, step, seed, check)
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -244,7 +263,9 @@ class JaxExecutable(JaxState, Probes, Profiling):
             self.state, metrics = self.jitted(self.state, device_batch)
         self._bad_grads = metrics["bad_grads"]
         # float() waits for the device
-        return {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
+        out = {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
+        count = float(metrics["count"])     # xb.LossSum's global count (NaN: the loss is a mean)
+        return out if math.isnan(count) else {**out, "count": count}
 
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
@@ -277,7 +298,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         """jax.profiler: ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and the
         same trace as ``<host>.trace.json.gz`` (Chrome/Perfetto)."""
         directory.mkdir(parents=True, exist_ok=True)
-        return jax.profiler.trace(str(directory))
+        return _trace(directory)
 
     def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
         return jax.profiler.StepTraceAnnotation(STEP_MARK, step_num=step)

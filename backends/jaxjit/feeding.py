@@ -16,19 +16,33 @@ from jax.sharding import PartitionSpec as P
 
 from xbridge.data import source as data_source
 from xbridge.data.source import BatchCheck
-from xbridge.errors import LoweringError
+from xbridge.errors import DataError, LoweringError
 from xbridge.ir.program import Program
 from xbridge.run.rng import rng_rows
 
 
-def to_jax_dtype(array: np.ndarray, float_dtype: Any) -> np.ndarray:
+def to_jax_dtype(array: np.ndarray, float_dtype: Any, where: str = "batch", key: str = "") -> np.ndarray:
     if np.issubdtype(array.dtype, np.floating):
         return array.astype(float_dtype, copy=False)
     if array.dtype == np.int64 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-        if array.size and (array.max() > np.iinfo(np.int32).max or array.min() < np.iinfo(np.int32).min):
-            raise ValueError("int64 values do not fit in int32 (JAX runs without x64)")
+        check_int32({key: array}, where)
         return array.astype(np.int32)
     return array
+
+
+def check_int32(batch: dict[str, np.ndarray], where: str) -> None:
+    """JAX computes integers in int32 (x64 off, as xbridge runs it): an int64 array with a value outside int32 would
+    wrap around. One line naming the key and ``where`` (the source and step) instead."""
+    if jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        return
+    limits = np.iinfo(np.int32)
+    for key, value in batch.items():
+        if value.dtype == np.int64 and value.size:
+            high, low = int(value.max()), int(value.min())
+            if high > limits.max or low < limits.min:
+                raise DataError(f"{where}: key {key!r} holds the int64 value {high if high > limits.max else low}, "
+                                "outside int32, which the jax targets compute integers in (JAX without x64): keep "
+                                "the values within +-2**31 (ids, indices) or give them as float")
 
 
 class BatchFeed:
@@ -61,6 +75,7 @@ class BatchFeed:
             self._local = (BatchCheck(source, expected_rows=len(rows), rng_rows=rng_rows(self.program, rows)), rows)
         local_check, rows = self._local
         local = local_check(data_source.rows(source, step, seed, rows), step)
+        check_int32(local, f"data {data_source.source_name(source)}, {local_check.label} {step}")
         if isinstance(check, BatchCheck):      # the run loop reports what this process read
             check.bytes_read[step] = local_check.bytes_read.pop(step, 0)
         return self.global_arrays(local, source.batch_size)
@@ -70,7 +85,7 @@ class BatchFeed:
         float_dtype = jnp.dtype(self.program.precision.params)
         out = {}
         for key, value in local.items():
-            array = to_jax_dtype(value, float_dtype)
+            array = to_jax_dtype(value, float_dtype, key=key)
             shape = (batch_size, *array.shape[1:])
             out[key] = jax.make_array_from_process_local_data(self.batch_sharding, array, shape)
         return out
@@ -87,7 +102,7 @@ class BatchFeed:
         one_device = len(self.batch_sharding.device_set) == 1
         out = {}
         for key, value in batch.items():
-            array = to_jax_dtype(value, float_dtype)
+            array = to_jax_dtype(value, float_dtype, key=key)
             # numpy's DLPack export knows the standard dtypes only (not ml_dtypes' bfloat16)
             if one_device and array.dtype.kind in "biuf" and array.flags.c_contiguous and array.ctypes.data % 64 == 0:
                 out[key] = jax.device_put(jax.dlpack.from_dlpack(array), self.batch_sharding)   # no copy

@@ -78,15 +78,18 @@ class LoweredLoss:
     def param_names(self) -> list[str]:
         return list(self.module.params)
 
-    def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array],
-                 batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array | None, dict[str, jax.Array]]:
+    def __call__(self, params: dict[str, jax.Array], buffers: dict[str, jax.Array], batch: dict[str, jax.Array],
+                 key: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None, dict[str, jax.Array]]:
         """The loss of one (micro-)batch: (its value, the item count of an ``xb.LossSum`` or None for a mean, the
-        buffers its forward left)."""
+        buffers its forward left). ``key``: where ``--rng native`` draws start (a traced key, one per step and
+        micro-batch); None: torchax's own key, split while tracing (the same draws at every call of the compiled
+        function)."""
         precision = self.program.precision
         p, b, tb = self.env.j2t_iso((params, buffers, batch))
         amp = autocast.compute_autocast(self.env, torch_dtype(precision.compute) if precision.mixed else None)
+        keyed = self.env.override_property(prng=key) if key is not None else contextlib.nullcontext()
         try:
-            with self.env, amp, hints.activate(self.hint), patches.custom_functions():
+            with self.env, amp, keyed, hints.activate(self.hint), patches.custom_functions():
                 loss = self.module.functional_call(self.program.loss, p, b, tb)
         except OperatorNotFound as exc:
             op = str(exc).removeprefix("Operator with name ").removesuffix(" has no lowering")

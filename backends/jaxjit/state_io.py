@@ -109,6 +109,13 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
 
         return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
 
+    def gathered(self, values: np.ndarray) -> np.ndarray:
+        if self.processes == 1:
+            return values[None]
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(values))
+
     def piece_writer(self) -> PieceWriter | None:
         """One process: None (the state is written whole). Several: each process writes its pieces (its devices'
         shards, a replicated one by the replica numbered 0 only), nothing gathered, between the processes'

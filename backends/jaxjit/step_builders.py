@@ -29,8 +29,8 @@ def nonzero(count: jax.Array) -> jax.Array:
 
 
 def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale: Any, divisor: float,
-                gather: Callable[[Any], Any],
-                count_everywhere: Callable[[jax.Array], jax.Array]) -> tuple[Any, jax.Array, Any]:
+                gather: Callable[[Any], Any], count_everywhere: Callable[[jax.Array], jax.Array],
+                key: jax.Array) -> tuple[Any, jax.Array, Any, jax.Array]:
     """Gradient (summed over micro-batches, each loss divided by accum*divisor, times the loss scale), the
     mean unscaled loss of this device's batch, and the buffers after the last micro-batch's forward (each
     micro-batch's forward sees the buffers the previous one left, as in eager).
@@ -39,24 +39,26 @@ def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale:
     total are then multiplied by ``divisor / count_everywhere(count)``: the count summed over this device's
     micro-batches, then over every device (a device holding the same rows as another counts them again, as its
     total does). Once the caller sums the gradients over the devices (and averages the loss over them: the
-    ``divisor``), both are the global total over the global count."""
+    ``divisor``), both are the global total over the global count. The last result: that count (NaN for a mean),
+    which the run loop checks. ``key``: the step's ``--rng native`` key, folded with each micro-batch's index."""
     accum = ex.program.step.grad_accum
 
-    def loss_fn(p: Any, mb: Any, bufs: Any) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
-        loss, count, updated = ex.loss_of(gather(p), bufs, mb)
+    def loss_fn(p: Any, mb: Any, bufs: Any, k: jax.Array) -> tuple[jax.Array, tuple[jax.Array, Any, Any]]:
+        loss, count, updated = ex.loss_of(gather(p), bufs, mb, k)
         scaled = loss / (accum * divisor) if count is None else loss / divisor
         return (scaled * scale if scale is not None else scaled), (loss, count, updated)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
-        (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers)
+        (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers, key)
     else:
         micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
         summed: list[bool] = []     # filled while the body is traced: did the loss return xb.LossSum?
 
-        def body(carry: Any, mb: Any) -> tuple[Any, None]:
+        def body(carry: Any, xs: Any) -> tuple[Any, None]:
             g_acc, l_acc, c_acc, bufs = carry
-            (_, (loss, count, bufs)), g = grad_fn(params, mb, bufs)
+            mb, index = xs
+            (_, (loss, count, bufs)), g = grad_fn(params, mb, bufs, jax.random.fold_in(key, index))
             summed.append(count is not None)
             # a mean: the mean over the micro-batches; a LossSum: the totals and the counts summed
             l_acc = l_acc + loss / accum if count is None else l_acc + loss
@@ -65,18 +67,20 @@ def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale:
 
         init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32),
                 buffers)
-        (grads, loss, count, updated), _ = jax.lax.scan(body, init, micro)
+        (grads, loss, count, updated), _ = jax.lax.scan(body, init, (micro, jnp.arange(accum)))
         count = count if summed[-1] else None
+    items = jnp.full((), jnp.nan, jnp.float32)
     if count is not None:
-        items = count_everywhere(count)
+        items = count_everywhere(count).astype(jnp.float32)
         factor = divisor / nonzero(items)
         grads = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
         loss = loss * factor
-    return grads, loss, updated
+    return grads, loss, updated, items
 
 
 def apply_update(ex: JaxExecutable, state: dict[str, Any], grads: Any, loss: jax.Array, buffers: Any,
-                 reduce_sum: Callable[[str, jax.Array], jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+                 reduce_sum: Callable[[str, jax.Array], jax.Array],
+                 count: jax.Array) -> tuple[dict[str, Any], dict[str, jax.Array]]:
     """Unscale, clip by global norm (torch's formula), optimizer update, loss-scale bookkeeping; the buffers
     the forward updated are kept. ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices
     holding that parameter's shards."""
@@ -110,14 +114,14 @@ def apply_update(ex: JaxExecutable, state: dict[str, Any], grads: Any, loss: jax
     else:
         new["params"], new["opt"] = updated, opt
     new["step"] = state["step"] + 1
-    return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads, "grad_norm": norm}
+    return new, {"loss": loss, "lr": lr, "bad_grads": bad_grads, "grad_norm": norm, "count": count}
 
 
 def train_step(ex: JaxExecutable) -> Any:   # a jitted function (jax.stages.Wrapped: called, and .lower() for --dump)
     """The jitted train step: one ``jax.jit`` of the whole step, with the state donated; in ``gspmd`` mode the
     partitioner splits it, in ``shard_map`` mode it is written per device with explicit collectives."""
     scale_of = (lambda s: s["scaler"].scale) if ex.scaling else (lambda s: None)
-    metric_specs = {"loss": P(), "lr": P(), "bad_grads": P(), "grad_norm": P()}
+    metric_specs = {"loss": P(), "lr": P(), "bad_grads": P(), "grad_norm": P(), "count": P()}
     metrics = jax.tree.map(lambda s: NamedSharding(ex.mesh, s), metric_specs)
 
     def jit(fn: Callable) -> Callable:
@@ -128,9 +132,10 @@ def train_step(ex: JaxExecutable) -> Any:   # a jitted function (jax.stages.Wrap
     if ex.mode == "gspmd":
         def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
             ex.traces += 1
-            grads, loss, buffers = micro_grads(ex, state["params"], state["buffers"], batch, scale_of(state),
-                                               1.0, lambda p: p, lambda c: c)
-            return apply_update(ex, state, grads, loss, buffers, lambda name, x: x)
+            key = jax.random.fold_in(ex.native_key, state["step"])     # --rng native: a key per step
+            grads, loss, buffers, count = micro_grads(ex, state["params"], state["buffers"], batch, scale_of(state),
+                                                      1.0, lambda p: p, lambda c: c, key)
+            return apply_update(ex, state, grads, loss, buffers, lambda name, x: x, count)
 
         return jit(step)
 
@@ -155,8 +160,10 @@ def train_step(ex: JaxExecutable) -> Any:   # a jitted function (jax.stages.Wrap
         ex.traces += 1
         # Each device differentiates its local mean loss / n_devices. The transpose of all_gather sums the
         # gathered axes (psum_scatter); summing the remaining axes gives every device the global gradient.
-        grads, loss, buffers = micro_grads(ex, state["params"], state["buffers"], batch, scale_of(state),
-                                           float(n_devices), gather, lambda c: jax.lax.psum(c, axes))
+        # --rng native: a key per step and device (each device draws for its own rows)
+        key = jax.random.fold_in(jax.random.fold_in(ex.native_key, state["step"]), jax.lax.axis_index(axes))
+        grads, loss, buffers, count = micro_grads(ex, state["params"], state["buffers"], batch, scale_of(state),
+                                                  float(n_devices), gather, lambda c: jax.lax.psum(c, axes), key)
         grads = {n: (jax.lax.psum(g, rest) if (rest := tuple(a for a in axes if a not in sharded_axes[n])) else g)
                  for n, g in grads.items()}
         loss = jax.lax.psum(loss, axes) / n_devices
@@ -164,7 +171,7 @@ def train_step(ex: JaxExecutable) -> Any:   # a jitted function (jax.stages.Wrap
         # averaged over the devices so that every device keeps the same value; counters agree already
         buffers = {n: (jax.lax.pmean(b, axes) if jnp.issubdtype(b.dtype, jnp.floating) else b)
                    for n, b in buffers.items()}
-        return apply_update(ex, state, grads, loss, buffers, reduce_sum)
+        return apply_update(ex, state, grads, loss, buffers, reduce_sum, count)
 
     batch_specs = ex.batch_spec
     mapped = jax.shard_map(per_device, mesh=ex.mesh, in_specs=(ex.state_specs, batch_specs),

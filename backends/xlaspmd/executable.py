@@ -151,7 +151,8 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
             self._rng_resumed = None
         with hints.activate(self._hint), self._attention(), host_values_named(self.program.name):
             loss, norm = self.compiled(tensors)
-        return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item())}   # .item() waits for the device
+        # .item() waits for the device
+        return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item()), **self.train_step.counted()}
 
     def evaluate(self, batch: Any) -> float:
         """The loss in eval mode as lazy tensors (one XLA graph, compiled once), in either mode."""
@@ -318,22 +319,36 @@ def _xla_trace(directory: Path) -> Iterator[None]:
         xp.stop_trace()
 
 
+_SHAPE_FROM_DATA = ("nonzero", "unique", "masked_select", "_local_scalar_dense")
+
+
 @contextlib.contextmanager
 def host_values_named(program: str) -> Iterator[None]:
     """torch_xla's one-graph step (``torch_xla.compile(full_graph=True)``) stops at the first value the traced
     code needs on the host (a shape the data decides: boolean indexing, ``nonzero``, ``unique``; ``.item()``;
     ``if tensor:``) with "Unexpected execution happens inside the compiled function": one line naming where and why,
-    before the step computes anything."""
+    before the step computes anything. So does an operator torch_xla has no XLA kernel for (``torch.fft`` on complex
+    tensors): it falls back to the CPU, which counts it as ``aten::NAME`` in its metrics; the line names it."""
     try:
         yield
     except RuntimeError as exc:
         if "Unexpected execution happens inside the compiled function" not in str(exc):
             raise
+        import torch_xla.debug.metrics as met
+
         from xbridge.program_file import user_frame
 
         found = user_frame(exc)
         where = "" if found is None else (f" at {found[0].filename}:{found[0].lineno} (in {found[0].name}, the "
                                           f"program's {found[1]})")
+        # the operators that ran on the CPU, but those whose output shape the data decides (said below)
+        on_cpu = sorted(name for name in met.counter_names() if name.startswith("aten::")
+                        and not any(part in name for part in _SHAPE_FROM_DATA))
+        if on_cpu:
+            raise LoweringError(f"program {program!r} calls {', '.join(on_cpu)}{where}, which torch_xla "
+                                f"{torch_xla.__version__} has no XLA kernel for (it falls back to the CPU), and the "
+                                "step is one XLA graph (--xla-mode lazy); write it with other operators, or run it on "
+                                "eager, inductor or jax") from None
         raise LoweringError(f"program {program!r} needs a value computed inside the step on the host{where}: a shape "
                             "the data decides (boolean indexing, nonzero, unique), .item() or `if tensor:`; torch_xla "
                             "compiles the step as one graph (--xla-mode lazy), so write it with fixed shapes (masks, "

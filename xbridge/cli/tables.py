@@ -52,6 +52,9 @@ def print_run(result: RunRecord) -> None:
     ]
     if s.attention:
         rows.append(("attention kernel", ", ".join(f"{kernel} x{calls}" for kernel, calls in s.attention.items())))
+    if s.matmul_dtypes is not None:     # --matmul-dtypes
+        rows.append(("matrix products by dtype (forward)",
+                     ", ".join(f"{dtype} x{calls}" for dtype, calls in sorted(s.matmul_dtypes.items())) or "none"))
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
         ppl = f" (perplexity {last.perplexity:.2f})" if last.perplexity is not None else ""

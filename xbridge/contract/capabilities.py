@@ -143,6 +143,11 @@ class MultiProcess:
         loop asks it after each step whether Ctrl-C was pressed)."""
         return flag
 
+    def gathered(self, values: np.ndarray) -> np.ndarray:
+        """Every process's ``values`` (one shape and dtype in all), stacked on a new first axis in process order; a
+        collective (the run loop compares the processes' initial weights with it)."""
+        return values[None]
+
 
 _NO_DIAGNOSTICS = Diagnostics()
 

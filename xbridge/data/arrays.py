@@ -23,9 +23,7 @@ def _load_file(path: str, owner: str) -> tuple[dict[str, np.ndarray], dict[str, 
             with np.load(file, allow_pickle=False) as archive:
                 arrays = {name: archive[name] for name in archive.files}
         elif suffix == ".safetensors":
-            import safetensors.numpy
-
-            arrays = safetensors.numpy.load_file(str(file))
+            arrays = _safetensors(file, path, owner)
         elif suffix == ".npy":
             arrays = {file.stem: np.load(file, mmap_mode="r", allow_pickle=False)}
         else:
@@ -35,6 +33,36 @@ def _load_file(path: str, owner: str) -> tuple[dict[str, np.ndarray], dict[str, 
             raise
         raise ConfigError(f"{owner}: data file {path!r} cannot be read: {exc}") from None
     return arrays, {"path": str(path), "bytes": file.stat().st_size, "fingerprint": fingerprint.of_file(file)}
+
+
+def _safetensors(file: Path, path: str, owner: str) -> dict[str, np.ndarray]:
+    """A .safetensors file's tensors as numpy (safetensors' own reader); its bfloat16 tensors, which numpy has no
+    dtype for, widened to float32 exactly (a bfloat16 is a float32's top 16 bits), read here from the file's
+    documented layout: 8 bytes of header length, the JSON header (dtype, shape, data_offsets), then the data."""
+    import json
+
+    import safetensors
+
+    with open(file, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+        start = 8 + size
+        arrays: dict[str, np.ndarray] = {}
+        with safetensors.safe_open(str(file), framework="np") as tensors:
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                if entry["dtype"] == "BF16":
+                    first, end = entry["data_offsets"]
+                    handle.seek(start + first)
+                    bits = np.frombuffer(handle.read(end - first), dtype="<u2").astype(np.uint32) << 16
+                    arrays[name] = bits.view(np.float32).reshape(entry["shape"])
+                elif entry["dtype"].startswith("F8"):
+                    raise ConfigError(f"{owner}: data file {path!r}: key {name!r} has dtype {entry['dtype']}, which "
+                                      "numpy cannot hold; store it as float32, float16 or bfloat16")
+                else:
+                    arrays[name] = tensors.get_tensor(name)
+    return arrays
 
 
 class Arrays:

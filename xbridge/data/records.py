@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .order import positions, record_index
-from .source import DataError, positive_int, source_name
+from .source import DataError, host_array, positive_int, source_name
 
 
 def stack_records(records: list[Any]) -> dict[str, np.ndarray]:
@@ -23,7 +23,7 @@ def stack_records(records: list[Any]) -> dict[str, np.ndarray]:
     out = {}
     for key in first:
         values = [record[key] for record in records]
-        values = [v.detach().cpu().numpy() if hasattr(v, "detach") else v for v in values]
+        values = [host_array(v) for v in values]
         try:
             out[key] = np.stack([np.asarray(v) for v in values])
         except ValueError as exc:

@@ -33,6 +33,26 @@ from ..errors import ConfigError, DataError
 RNG_KEY = "xbridge.rng"
 
 
+# torch's floating dtypes numpy has; the others (bfloat16, the float8s) reach the step as float32, exactly, and are
+# cast to the precision's parameter dtype there like any floating array
+_NUMPY_FLOATS = ("torch.float16", "torch.float32", "torch.float64")
+# the same dtypes as ml_dtypes names them in numpy (a source of JAX arrays, a safetensors file)
+WIDENED = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def host_array(value: Any) -> Any:
+    """A torch tensor (from a collate function, a data set's records) as numpy; bfloat16 and float8 values, torch's
+    or ml_dtypes', as float32 (exact). Anything else as it is."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+        value = value.detach().cpu()
+        if value.is_floating_point() and str(value.dtype) not in _NUMPY_FLOATS:
+            value = value.float()
+        return value.numpy()
+    if isinstance(value, np.ndarray) and value.dtype.name in WIDENED:
+        return value.astype(np.float32)
+    return value
+
+
 def source_name(source: Any) -> str:
     return type(source).__qualname__
 
@@ -73,9 +93,14 @@ def describe(source: Any) -> dict[str, Any]:
     own = getattr(source, "describe", None)
     if callable(own):
         info = own()
-        if not isinstance(info, dict) or not _json_ready(info):
+        if not isinstance(info, dict):
             raise ConfigError(f"data {source_name(source)}.describe() must return a JSON-ready dict, got "
                               f"{type(info).__name__}")
+        for key, value in info.items():
+            if not isinstance(key, str) or not _json_ready(value):
+                raise ConfigError(f"data {source_name(source)}.describe(): field {key!r} is not JSON (type "
+                                  f"{type(value).__name__}): give numbers, strings, lists or dicts of them, an "
+                                  "array as .tolist()")
         return {"kind": "described", "class": source_name(source), "batch_size": source.batch_size, **info}
     if dataclasses.is_dataclass(source):
         fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
@@ -198,17 +223,16 @@ class BatchCheck:
             if value.size and self.buffers.get(key) == address:
                 out[key] = value.copy()
             self.buffers[key] = address
+        if RNG_KEY in out:      # under either --rng: one line on every backend, before any compute
+            raise DataError(f"{where}: batch key {RNG_KEY!r} is reserved for --rng portable; rename it")
         if self.rng_rows is not None:
-            if RNG_KEY in out:
-                raise DataError(f"{where}: batch key {RNG_KEY!r} is reserved for --rng portable")
             rows = np.asarray(self.rng_rows, dtype=np.int64)
             out[RNG_KEY] = np.stack([rows, np.full_like(rows, step)], axis=1).astype(np.int32)
         return out
 
     @staticmethod
     def _array(value: Any, where: str, key: str) -> np.ndarray:
-        if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
-            value = value.detach().cpu().numpy()           # a torch tensor from a collate function
+        value = host_array(value)
         if not isinstance(value, np.ndarray):
             raise DataError(f"{where}: key {key!r} is a {type(value).__name__}, not a numpy array")
         if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):

@@ -21,9 +21,11 @@ from .job import (
     COORDINATOR,
     COUNT,
     INDEX,
+    JOIN_TIMEOUT,
     environment_job,
     follower_outputs,
     is_joining,
+    join_timeout_s,
     joined,
     joining,
     must_start,
@@ -32,7 +34,7 @@ from .job import (
 )
 from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start
 
-__all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "TIMEOUT", "after_lost_peer",
-           "beat", "beating", "describe_exit", "die_with_parent", "environment_job", "follower_outputs",
-           "free_port", "is_joining", "joined", "joining", "must_start", "parse", "start", "this_process",
-           "timeout_s"]
+__all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "JOIN_TIMEOUT", "TIMEOUT",
+           "after_lost_peer", "beat", "beating", "describe_exit", "die_with_parent", "environment_job",
+           "follower_outputs", "free_port", "is_joining", "join_timeout_s", "joined", "joining", "must_start",
+           "parse", "start", "this_process", "timeout_s"]

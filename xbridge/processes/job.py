@@ -15,6 +15,20 @@ CLUSTER = "cluster"
 # index. A cluster launcher that sets the three (or JAX's own environments) works the same way.
 COORDINATOR, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 CHILD = "XBRIDGE_PROCESS_CHILD"      # this process was started by an xbridge supervisor
+JOIN_TIMEOUT = "XBRIDGE_JOIN_TIMEOUT"   # seconds a process waits for the coordinator and the others (default 60)
+
+
+def join_timeout_s() -> int:
+    """How long joining a job may take before it fails with one line (``XBRIDGE_JOIN_TIMEOUT``, default 60 s:
+    every process of a job starts within seconds of the others; a coordinator not there by then is not coming)."""
+    text = os.environ.get(JOIN_TIMEOUT, "60")
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise ConfigError(f"{JOIN_TIMEOUT}={text!r} must be a whole number of seconds >= 1")
+    return seconds
 
 
 _joined = (0, 1)      # (this process's index, the count) once the run loop has joined a job

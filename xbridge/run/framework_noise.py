@@ -8,11 +8,23 @@ the run record (the target and its device) or does not apply to the run.
   cache on a machine with a CUDA toolkit and no GPU; the run record names the device the run used.
 
 Only these exact messages are dropped (a logging filter on the logger that emits each); everything else a
-framework logs still reaches stderr."""
+framework logs still reaches stderr.
+
+Native code logs to file descriptor 2 itself, past Python's logging: :func:`native_lines_dropped` catches what one
+call writes there and passes on every line but the listed ones. Used for:
+
+- ``E ... python_hooks.cc:416] Can't import tensorflow.python.profiler.trace``: jaxlib's profiler (jax 0.7.1)
+  looks for TensorFlow's TraceMe hooks when a trace starts and stops, and logs at ERROR where TensorFlow is not
+  installed, twice a ``--profile`` on jax; the trace is complete without them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 
 # logger name -> the start of the messages dropped from it
 NOISE = {
@@ -36,3 +48,28 @@ def silence() -> None:
         logger = logging.getLogger() if name == "root" else logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):
             logger.addFilter(_Drop(starts))
+
+
+# what native code writes to stderr that is dropped: a fragment of each such line
+NATIVE_NOISE = ("Can't import tensorflow.python.profiler.trace",)
+
+
+@contextlib.contextmanager
+def native_lines_dropped(fragments: tuple[str, ...] = NATIVE_NOISE) -> Iterator[None]:
+    """File descriptor 2 goes to a temporary file for the block; its lines then reach the real stderr, except those
+    containing one of ``fragments``. For short calls only (a line written by another thread meanwhile comes late)."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True)
+                    if not any(f.encode() in line for f in fragments)]
+            if kept:
+                os.write(2, b"".join(kept))

@@ -88,7 +88,11 @@ def split_variant(entry: str) -> tuple[str, list[str]]:
         name, sep, value = part.partition("=")
         if not sep or not name or not value:
             raise ConfigError(f"target variant {entry!r}: {part!r} is not OPTION=VALUE (e.g. xla-cpu:xla-mode=openxla)")
-        given[name.replace("-", "_")] = value
+        key = name.replace("-", "_")
+        if key in given:
+            raise ConfigError(f"target variant {entry!r}: {name} is given twice ({given[key]!r} and {value!r}); "
+                              "give it once, or list two variants to race both")
+        given[key] = value
     try:
         backend.resolve_options(given, str(target))
     except ConfigError as exc:

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import processes
 from ..contract import Backend, Executable, Target, registry
-from ..contract.capabilities import probes, reads_slices
+from ..contract.capabilities import MultiProcess, probes, reads_slices
 from ..data.source import checked_batch
-from ..errors import BackendUnavailable, ConfigError
+from ..errors import BackendUnavailable, ConfigError, ProgramError
 from ..ir.program import Program
 from ..planner import ShardingPlan
 from ..planner import plan as make_plan
@@ -61,6 +62,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
         from ..weights import initial_weights  # the reference builds the weights once
 
         weights = initial_weights(program)
+        check_replicas(executable, weights)
     else:
         check_weights(program, weights)
         weights = readable(executable, weights)
@@ -68,6 +70,28 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     if program.step.attention != "auto":
         check_attention(program, target, executable)
     return Prepared(target, backend, plan, executable, backend_options, calls)
+
+
+def check_replicas(executable: Executable, weights: dict[str, np.ndarray]) -> None:
+    """Several processes each build the initial weights: they must be the same everywhere (a replicated parameter
+    is one value). xbridge seeds torch's, numpy's and Python's generators before the builder runs; a builder that
+    draws from anything else (the time, the process id, its own unseeded generator) builds other weights in each
+    process, and training would go on with replicas that disagree. One line naming the first such parameter."""
+    if processes.this_process()[1] == 1 or not isinstance(executable, MultiProcess):
+        return
+    import hashlib
+
+    digests = np.stack([np.frombuffer(hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest(),
+                                      dtype=np.int32) for array in weights.values()])
+    every = executable.gathered(digests)
+    names = list(weights)
+    for index in range(1, len(every)):
+        differs = np.flatnonzero((every[index] != every[0]).any(axis=1))
+        if len(differs):
+            raise ProgramError(f"the model builder gave process {index} other initial weights than process 0, first "
+                               f"in {names[differs[0]]!r}: it draws from something xbridge does not seed (torch's, "
+                               "numpy's and Python's global generators are seeded from the program's seed); build "
+                               "from those, or from the seed, so that every replica starts the same")
 
 
 def readable(executable: Executable, arrays: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from .. import processes
 from ..contract import Executable
 from ..contract.capabilities import diagnostics, profiling
 from ..data.source import BatchCheck
-from ..errors import RunError
+from ..errors import ProgramError, RunError
 from ..ir.program import Program
 from .feed import Feed
 from .prepare import Prepared
@@ -93,8 +93,15 @@ def _one_step(executable: Executable, feed: Feed, step: int, check: BatchCheck) 
     processes.beat(f"waiting for batch {step}")
     batch, waited = feed.get(step)
     processes.beat(f"in step {step}")
-    metrics = executable.step(batch)
+    metrics = dict(executable.step(batch))
     processes.beat(f"finished step {step}")
+    count = metrics.pop("count", None)      # xb.LossSum's count over the step's whole batch
+    if count is not None and count == 0:
+        raise ProgramError(f"step {step}: the loss's xb.LossSum count is 0 over the whole batch: no item to take "
+                           "the loss over (it would train on nothing); feed batches that hold some")
+    if count is not None and count < 0:
+        raise ProgramError(f"step {step}: the loss's xb.LossSum count is negative over the whole batch; the count is "
+                           "how many items (or their total weight) the total sums, never below 0")
     elapsed = time.perf_counter() - start_time
     read = check.bytes_read.pop(step, None)     # None: the backend's processes read their rows themselves
     extra = {"data_wait_s": waited, **({"data_bytes": float(read)} if read is not None else {}),

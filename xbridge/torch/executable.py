@@ -65,7 +65,8 @@ class TorchExecutable(TorchTrainState, Probes, Profiling):
         lr = self.train_step.lr
         with hints.activate(self._hints):
             loss, norm = self.train_step(self.placed(batch))
-        return {"loss": float(loss), "lr": lr, "grad_norm": float(norm)}      # float() waits for the device
+        # float() waits for the device
+        return {"loss": float(loss), "lr": lr, "grad_norm": float(norm), **self.train_step.counted()}
 
     def evaluate(self, batch: Any) -> float:
         with hints.activate(self._hints):

@@ -64,6 +64,10 @@ def build_model(program: Program, weights: dict[str, np.ndarray] | None, device:
     retie(model, ties)
     _cast_outputs(model, torch_dtype(program.precision.output))
     model.train()
+    if program.step.layers is not None:     # named layers: checked here, on every backend, whether used or not
+        from .remat import find_layers
+
+        find_layers(model, program.step.layers)
     return model
 
 
@@ -200,12 +204,15 @@ def eval_loss(loss_fn: Callable, model: torch.nn.Module, batch: dict[str, torch.
 
 
 def batch_to_torch(batch: dict[str, np.ndarray], device: torch.device, precision: Precision) -> dict[str, torch.Tensor]:
-    """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over)."""
+    """Batch arrays on the device; floating ones in the parameter dtype (as every backend hands them over). Always
+    the framework's own copy: a forward that changes its input in place (``x.mul_(2)``) must not change the arrays
+    the user's source keeps (a source may hand out views of them), as on jax, where arrays are immutable."""
     dtype = torch_dtype(precision.params)
     out = {}
     for k, v in batch.items():
         floating = np.issubdtype(v.dtype, np.floating)
-        out[k] = torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if floating else None)
+        out[k] = torch.from_numpy(np.ascontiguousarray(v)).to(device=device, dtype=dtype if floating else None,
+                                                               copy=True)
     return out
 
 
@@ -237,6 +244,7 @@ class TrainStep:
         self.stacked = stacked if stacked else None
         self.device_type = device.type
         self.updates = 0
+        self.count: torch.Tensor | float | None = None     # the last step's global xb.LossSum count (None: a mean)
         torch.manual_seed(training_seed(program.seed))      # --rng native's draws: the same in every run
         self.optimizer = make_optimizer(program, self.parameters(), on_device, foreach)
         if compile:
@@ -278,8 +286,9 @@ class TrainStep:
                 items = count.detach() if items is None else items + count.detach()
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = total + (loss.detach() if count is None else value.detach())
-        if items is not None:       # xb.LossSum: the summed gradients and totals over the global count
-            factor = self.normaliser(items)
+        self.count = None if items is None else self.global_count(items)
+        if self.count is not None:       # xb.LossSum: the summed gradients and totals over the global count
+            factor = self.normaliser(self.count)
             for param in params:
                 if param.grad is not None:
                     param.grad.mul_(factor * rows)
@@ -298,10 +307,20 @@ class TrainStep:
         self.updates += 1
         return total, norm
 
-    def normaliser(self, count: torch.Tensor) -> torch.Tensor | float:
-        """What the gradients of summed totals are multiplied by, given this process's summed ``xb.LossSum`` count:
-        1 / count here; a data-parallel backend totals the count over its ranks instead."""
+    def global_count(self, count: torch.Tensor) -> torch.Tensor | float:
+        """The step's ``xb.LossSum`` count over the global batch, from this process's summed count: the same here;
+        a data-parallel backend totals it over its ranks instead."""
+        return count
+
+    def normaliser(self, count: torch.Tensor | float) -> torch.Tensor | float:
+        """What the gradients of summed totals are multiplied by, given the step's global ``xb.LossSum`` count:
+        1 / count (1 for a count of 0)."""
+        assert isinstance(count, torch.Tensor)
         return per_item(torch.ones_like(count), count)
+
+    def counted(self) -> dict[str, float]:
+        """The last step's global ``xb.LossSum`` count as the run loop reads it (``count``; none for a mean)."""
+        return {} if self.count is None else {"count": float(self.count)}
 
     def gradient_norm(self) -> torch.Tensor:
         """The global L2 norm of the gradients (torch's ``get_total_norm``, as ``clip_grad_norm_`` computes it); a
