@@ -284,7 +284,6 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", BAD_DATA + ":not_dict", "--steps", "3"], "data Spoiled, step 2: batch() returned list, not a dict of arrays"),
     (["run", BAD_DATA + ":short_batch", "--steps", "3"], "data Spoiled, step 2: key 'x' has shape [10, 64], it was [64, 64] at step 0"),
     (["run", str(FIXTURES / "counted_loss.py") + ":no_labels", "--steps", "3"], "step 1: the loss's xb.LossSum count is 0 over the whole batch"),
-    (["run", str(FIXTURES / "counted_loss.py") + ":no_labels", "--steps", "3", "--backend", "xla-cpu"], "step 1: the loss's xb.LossSum count is 0 over the whole batch"),
     (["run", str(FIXTURES / "counted_loss.py") + ":negative_count", "--backend", "jax-cpu"], "step 0: the loss's xb.LossSum count is negative over the whole batch"),
     (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
     (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers", "--backend", "jax-cpu"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),

@@ -31,3 +31,16 @@ def test_boolean_indexing_in_the_loss_is_one_line_where_the_step_is_one_graph(ta
 def test_boolean_indexing_trains_on_inductor():
     proc = run_cli("run", MASKED, "--backend", "inductor-cpu", "--steps", "2", "--format", "json")
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+def test_an_operator_torch_xla_runs_on_the_cpu_is_named():
+    """A complex FFT: torch_xla 2.9 has no XLA kernel for aten::_fft_c2c and falls back to the CPU, which the
+    one-graph step refuses ("Unexpected execution happens inside the compiled function"); the line used to blame a
+    data-dependent shape. It names the operator and the line (jax and eager train it: the same losses, by hand)."""
+    proc = run_cli("run", f"{FIXTURES / 'bad_programs.py'}:complex_fft", "--backend", "xla-cpu", "--steps", "2")
+    assert proc.returncode == 1, proc.stderr
+    line = error_line(proc)
+    assert "program 'complex-fft' calls aten::_fft_c2c at " in line and "bad_programs.py:" in line, line
+    assert "which torch_xla 2.9.0 has no XLA kernel for (it falls back to the CPU)" in line, line

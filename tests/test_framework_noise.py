@@ -32,9 +32,11 @@ def test_only_the_listed_messages_are_dropped():
     code = ("import logging\nlogging.warning('Defaulting to PJRT_DEVICE=CPU')\nlogging.warning('kept: root')\n"
             "log = logging.getLogger('torch.utils.cpp_extension')\n"
             "log.warning(\"No CUDA runtime is found, using CUDA_HOME='%s'\", '/usr/local/cuda')\n"
-            "log.warning('kept: cpp_extension')\n")
+            "log.warning('kept: cpp_extension')\n"
+            "log = logging.getLogger('torch._dynamo.variables.torch')\n"
+            "log.warning('Profiler function %s will be ignored', \"<class 'record_function'>\")\n")
     quiet = _stderr(code, silenced=True)
-    assert "Defaulting" not in quiet and "No CUDA runtime" not in quiet
+    assert "Defaulting" not in quiet and "No CUDA runtime" not in quiet and "Profiler function" not in quiet
     assert "kept: root" in quiet and "kept: cpp_extension" in quiet
     assert "No CUDA runtime is found" in _stderr(code, silenced=False)
 

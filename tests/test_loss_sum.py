@@ -106,3 +106,13 @@ def test_a_mean_loss_on_a_backend_that_averages_devices_fails_with_its_cause(tmp
     assert local["verdict"] == "FAIL" and local["first_failing_step"] == 0
     assert local["cause"].startswith("the loss does not survive a split batch: step 0's batch gives ")
     assert "as the mean of its 4 shards' losses" in local["cause"] and "xb.LossSum(total, count)" in local["cause"]
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.parametrize("target", ["inductor-cpu", "xla-cpu"])
+def test_a_step_whose_count_is_zero_is_one_line_on_the_compiled_torch_stacks(target):
+    """The count comes back with the step's loss on every backend (eager and jax: tests/test_bad_input.py)."""
+    proc = run_cli("run", f"{COUNTED}:no_labels", "--backend", target, "--steps", "3")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert one_error_line(proc).startswith("error: step 1: the loss's xb.LossSum count is 0 over the whole batch")

@@ -326,5 +326,5 @@ def test_replicas_that_start_apart_are_one_line(tmp_path):
     proc = run_cli("run", str(FIXTURES / "per_process_weights.py"), "--backend", "jax-cpu", "--processes", "2",
                    "--steps", "2")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert ("the model builder gave process 1 other initial weights than process 0, first in '0.weight': it draws "
+    assert ("the model builder gave process 1 other initial weights than process 0, first in 'fc1.weight': it draws "
             "from something xbridge does not seed") in error_line(proc)

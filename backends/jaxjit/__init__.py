@@ -85,6 +85,14 @@ class JaxBackend(Backend, AheadOfTime):
             raise ConfigError(f"--processes {processes}, but {job.COUNT}={found[1]} in the environment")
         kwargs = {} if found is None else {"num_processes": found[1], "process_id": found[0]}
         timeout = job.join_timeout_s()
+        address = os.environ.get(job.COORDINATOR)
+        if found is not None and found[0] != 0 and address:
+            # JAX's client aborts the whole process (SIGABRT, a fatal log line) when the coordinator does not answer
+            # in time: wait for it here, where the failure can be one line
+            reached = job.wait_for_address(address, timeout)
+            if reached is not None:
+                raise RunError(f"jax.distributed.initialize could not join the job at coordinator {address} within "
+                               f"{timeout} s ({job.JOIN_TIMEOUT}): {reached}")
         try:
             jax.distributed.initialize(**kwargs, initialization_timeout=timeout)   # type: ignore[arg-type]
         except ValueError as exc:       # nothing says where the job is

@@ -31,10 +31,11 @@ from .job import (
     must_start,
     parse,
     this_process,
+    wait_for_address,
 )
 from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start
 
 __all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "JOIN_TIMEOUT", "TIMEOUT",
            "after_lost_peer", "beat", "beating", "describe_exit", "die_with_parent", "environment_job",
            "follower_outputs", "free_port", "is_joining", "join_timeout_s", "joined", "joining", "must_start",
-           "parse", "start", "this_process", "timeout_s"]
+           "parse", "start", "this_process", "timeout_s", "wait_for_address"]

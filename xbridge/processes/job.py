@@ -18,6 +18,27 @@ CHILD = "XBRIDGE_PROCESS_CHILD"      # this process was started by an xbridge su
 JOIN_TIMEOUT = "XBRIDGE_JOIN_TIMEOUT"   # seconds a process waits for the coordinator and the others (default 60)
 
 
+def wait_for_address(address: str, timeout_s: float) -> str | None:
+    """Try to connect to ``HOST:PORT`` until it accepts or ``timeout_s`` passes; None once it accepts, else why not
+    (the last error)."""
+    import socket
+    import time
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{COORDINATOR}={address!r} must be HOST:PORT")
+    deadline = time.monotonic() + timeout_s
+    why = "nothing answered"
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(2.0, timeout_s)):
+                return None
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        time.sleep(0.2)
+    return why
+
+
 def join_timeout_s() -> int:
     """How long joining a job may take before it fails with one line (``XBRIDGE_JOIN_TIMEOUT``, default 60 s:
     every process of a job starts within seconds of the others; a coordinator not there by then is not coming)."""

@@ -6,6 +6,9 @@ the run record (the target and its device) or does not apply to the run.
   default device and says so; the xla targets set ``PJRT_DEVICE`` themselves (backends/xlaspmd).
 - ``No CUDA runtime is found, using CUDA_HOME=...``: torch.utils.cpp_extension, imported by Inductor's C++ code
   cache on a machine with a CUDA toolkit and no GPU; the run record names the device the run used.
+- ``Profiler function <class 'torch.autograd.profiler.record_function'> will be ignored``: Dynamo, compiling
+  ``torch.optim``'s step (inductor), which marks itself with ``record_function`` for the profiler; compiled code
+  carries no such marks, and the run's own profile (``--profile``) names the compiled kernels instead.
 
 Only these exact messages are dropped (a logging filter on the logger that emits each); everything else a
 framework logs still reaches stderr.
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 NOISE = {
     "root": ("Defaulting to PJRT_DEVICE=CPU",),
     "torch.utils.cpp_extension": ("No CUDA runtime is found",),
+    "torch._dynamo.variables.torch": ("Profiler function",),
 }
 
 
