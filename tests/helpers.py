@@ -11,11 +11,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "programs"
 FIXTURES = ROOT / "tests" / "fixtures"
 
+# Importing torch_xla or starting its runtime in the test process writes its own variables into os.environ
+# (XLA_USE_SPMD, PJRT_DEVICE, XLA_FLAGS, LIBTPU_INIT_ARGS, ...). A fresh interpreter must not inherit them: a user's
+# shell does not have them, and XLA_USE_SPMD alone adds a deprecation warning to every xla run's stderr.
+_FRAMEWORK_PREFIXES = ("XLA_", "PJRT_", "LIBTPU_", "TPU_", "PTXLA_", "TF_CPP_", "GRPC_", "NEURON_",
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD", "ENABLE_RUNTIME_UPTIME_TELEMETRY")
+_SESSION_ENV = dict(os.environ)
+
+
+def user_env() -> dict[str, str]:
+    """os.environ as a user's shell would hold it: the frameworks' variables as they were when the tests began."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(_FRAMEWORK_PREFIXES)}
+    env.update({key: value for key, value in _SESSION_ENV.items() if key.startswith(_FRAMEWORK_PREFIXES)})
+    return env
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``xbridge ARGS`` in a fresh interpreter, as a user would."""
-    full_env = {**os.environ, "XBRIDGE_DEBUG": "0", **(env or {})}
+    full_env = {**user_env(), "XBRIDGE_DEBUG": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", "xbridge", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or ROOT, timeout=timeout)
 

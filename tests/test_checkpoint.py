@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, one_error_line, run_cli, user_env
 from xbridge import checkpoint
 from xbridge.errors import CheckpointError, RunError
 from xbridge.files import read_npz
@@ -176,7 +176,7 @@ def test_ctrl_c_writes_a_final_checkpoint_and_exits_cleanly(tmp_path, mlp_progra
     ck = tmp_path / "ck"
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", MLP, "--backend", target, "--steps", "100000",
                              "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "XBRIDGE_DEBUG": "0"})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**user_env(), "XBRIDGE_DEBUG": "0"})
     try:
         deadline = time.monotonic() + 300
         while not any(step >= 3 for step, _ in checkpoint.list_checkpoints(ck)):   # --keep 2 prunes old ones

@@ -6,14 +6,13 @@ cannot reload executables) and says so."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line
+from helpers import PROGRAMS, ROOT, one_error_line, user_env
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
 
@@ -21,7 +20,7 @@ pytestmark = [pytest.mark.cli, pytest.mark.slow]
 def _env(cache: Path, seed: str) -> dict[str, str]:
     """A user's shell: xbridge's cache folder, no cache variables of the frameworks' own, another hash seed (a
     per-process random name in a cache key would then miss)."""
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in user_env().items()
            if k not in ("TORCHINDUCTOR_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "XBRIDGE_DEBUG")}
     return env | {"XBRIDGE_CACHE_DIR": str(cache), "PYTHONHASHSEED": seed}
 

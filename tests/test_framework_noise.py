@@ -4,18 +4,19 @@ there), then with it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+
+from helpers import user_env
 
 TORCH_XLA = "import torch_xla.runtime as xr; print(xr.device_type())"   # what transformers' availability check does
 
 
 def _stderr(code: str, silenced: bool) -> str:
     prefix = "from xbridge.run import framework_noise; framework_noise.silence()\n" if silenced else ""
-    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
+    env = {k: v for k, v in user_env().items() if k != "PJRT_DEVICE"}
     proc = subprocess.run([sys.executable, "-c", prefix + code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr

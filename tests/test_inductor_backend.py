@@ -7,14 +7,13 @@ The parity matrix (both programs, fp32 and bf16-mixed, 1 and 2 processes) is in 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, ROOT, error_line, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, error_line, one_error_line, run_cli, user_env
 from xbridge import checkpoint
 from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions, run
@@ -120,7 +119,7 @@ def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp
     first, second = tmp_path / "ck1", tmp_path / "ck2"
     proc = run_cli("run", str(program_file), "--steps", "3", "--warmup", "1", "--checkpoint-dir", str(first))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    env = {**os.environ, "XBRIDGE_DEBUG": "0"}
+    env = {**user_env(), "XBRIDGE_DEBUG": "0"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "xbridge",
                            "run", str(program_file), "--backend", "inductor-cpu", "--devices", "4", "--mesh",
                            "data=2,model=2", "--steps", "6", "--warmup", "1", "--resume", str(first),

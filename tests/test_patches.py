@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from helpers import user_env
 from xbridge.errors import RunError
 
 # Runs in a fresh process: the frameworks imported, their attributes noted, then every module of every backend
@@ -112,7 +112,7 @@ def checked() -> dict:
     for name, extra in (("torch_xla", "xla"), ("torchax", "jax")):     # found, not imported (slow) here
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (pip install 'xbridge[{extra}]')")
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "JAX_PLATFORMS": "cpu"}
+    env = {**user_env(), "PJRT_DEVICE": "CPU", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", _CHECK], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))

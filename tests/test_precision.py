@@ -5,13 +5,12 @@ BatchNorm on bfloat16 activations), and the same check failing on the policies t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 pytestmark = [pytest.mark.slow]
 CHECK = ROOT / "tests" / "fixtures" / "autocast_check.py"
@@ -25,7 +24,7 @@ BF16_REL = 2e-2
 
 def _check(backend: str, *extra: str) -> dict[str, dict]:
     proc = subprocess.run([sys.executable, str(CHECK), backend, *extra], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PJRT_DEVICE": "CPU"})
+                          timeout=300, env={**user_env(), "PJRT_DEVICE": "CPU"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(report) == CASES

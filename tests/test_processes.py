@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import FIXTURES, PROGRAMS, error_line, one_error_line, run_cli
+from helpers import FIXTURES, PROGRAMS, error_line, one_error_line, run_cli, user_env
 from xbridge.parity import policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli]
@@ -209,7 +209,7 @@ def test_the_processes_die_with_a_supervisor_killed_outright():
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
                              "--processes", "2", "--devices", "2", "--steps", "100000"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "XBRIDGE_DEBUG": "0"})
+                            env={**user_env(), "XBRIDGE_DEBUG": "0"})
     children = []
     try:
         deadline = time.monotonic() + 120
@@ -266,7 +266,7 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
                              "--processes", "2", "--devices", "2", *SHARDED, "--steps", "100000",
                              "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60"})
+                            env={**user_env(), "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60"})
     try:
         deadline = time.monotonic() + 300
         while not any(step >= 3 for step, _ in checkpoint.list_checkpoints(ck)):

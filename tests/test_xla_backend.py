@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import xbridge as xb
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import FIXTURES, PROGRAMS, ROOT, one_error_line, run_cli, user_env
 from xbridge.contract import registry
 from xbridge.errors import BackendUnavailable
 from xbridge.parity import policy as parity
@@ -165,10 +165,22 @@ def test_xbridge_kernels_for_grouped_mm_and_histc_match_torch():
     import sys
 
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fixtures" / "xla_ops_check.py")],
-                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                             "PJRT_DEVICE": "CPU"})
+                          capture_output=True, text=True, timeout=300, env={**user_env(), "PJRT_DEVICE": "CPU"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     diffs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(diffs) == {"forward", "grad_a", "grad_b", "histc_int", "histc_float_range", "batch_norm",
                           "batch_norm_grad", "batch_norm_running_var", "batch_norm_running_mean"}
     assert all(value <= 1e-5 for value in diffs.values()), diffs
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("program,says", [
+    ("bad_programs.py:no_such_layers", "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
+    ("bad_data.py:reserved_key", "data Spoiled, step 0: batch key 'xbridge.rng' is reserved for --rng portable"),
+])
+def test_the_checks_every_backend_makes_hold_on_xla(program, says):
+    """The same lines as eager and jax give (tests/test_bad_input.py, in its process); xla's in a fresh interpreter:
+    torch_xla's runtime, once started in the test process, changes its environment for the tests after it."""
+    proc = run_cli("run", str(FIXTURES / program), "--backend", "xla-cpu", "--steps", "2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert says in one_error_line(proc)
