@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import shlex
 import subprocess
 import sys
 
@@ -46,6 +47,16 @@ def test_compare_every_available_target(tmp_path):
         # the compile column says whether the persistent caches were cold or warm (eager compiles nothing)
         assert m["compile_cache"] in ((None,) if row["target"] == "eager-cpu" else ("cold", "warm", "partial"))
     assert record["targets"][0]["metrics"]["max_loss_dev"] == 0.0
+    advice = record["recommendation"]      # every row passes: the fastest by median step time, and how to run it
+    fastest = min(record["targets"], key=lambda row: row["metrics"]["step_ms_median"])
+    assert advice["target"] == fastest["target"] and sorted(advice["passing"]) == sorted(targets)
+    assert advice["excluded"] == {}
+    assert advice["command"] == (f"xbridge run {PROGRAMS / 'mlp.py'} --backend {fastest['target']} --devices "
+                                 f"{fastest['devices']}")
+    again = run_cli(*shlex.split(advice["command"])[1:], "--steps", "2", "--format", "json")
+    assert again.returncode == 0, again.stderr[-2000:]       # the command runs as given
+    np.testing.assert_allclose([s["loss"] for s in json.loads(again.stdout)["steps"]], fastest["losses"][:2],
+                               rtol=1e-6)
     assert "measured" in record["targets"][0]["metrics"]["peak_source"]
     with open(tmp_path / "results.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -81,6 +92,7 @@ def test_compare_every_available_target(tmp_path):
     assert [line.split(" | ")[0].removeprefix("| ") for line in table] == targets
     assert f"config hash `{record['config_hash']}`" in report and "measured: best of" in report
     assert "command: `xbridge compare " in report
+    assert f"**Recommended: {advice['target']}.** {advice['reason']}." in report and advice["command"] in report
     git = record["provenance"]["git"]          # a clone of the project: its commit (None only without git)
     assert git is None or f"at commit `{git['commit'][:12]}`" in report
     written = json.loads((tmp_path / "results.json").read_text())
@@ -116,6 +128,11 @@ def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path, monkeypa
     assert [r["status"] for r in written["targets"]] == ["ok", "failed", "timeout"]
     assert (tmp_path / "loss_deviation.png").read_bytes().startswith(PNG)
     assert "- jax-cpu: killed by signal 9" in (tmp_path / "report.md").read_text()
+    advice = written["recommendation"]
+    assert advice["target"] is None and advice["command"] is None
+    assert advice["reason"].startswith("no target but the reference eager-cpu passes parity at fp32 (jax-cpu failed: "
+                                       "killed by signal 9")
+    assert advice["excluded"]["xla-cpu"].startswith("timeout: no result after 20 s")
     from rich.console import Console
 
     from xbridge.cli import tables
@@ -125,6 +142,7 @@ def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path, monkeypa
     tables.print_compare(CompareRecord.from_json(json.loads(proc.stdout)))
     human = console.export_text()
     assert "jax-cpu: failed: killed by signal 9" in human and "xla-cpu: timeout: no result after 20 s" in human
+    assert "recommended: none: no target but the reference eager-cpu passes parity" in human
 
 
 def test_target_variants_race_two_ways_into_one_compiler(tmp_path):

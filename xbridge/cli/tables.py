@@ -161,6 +161,11 @@ def print_compare(record: CompareRecord) -> None:
         console.print(f"peak: {escape(source)}")
     if record.estimates:
         print_estimates(record)
+    if record.recommendation is not None:
+        advice = record.recommendation
+        console.print(f"[bold]recommended: {escape(advice.target or 'none')}[/]: {escape(advice.reason)}")
+        if advice.command:
+            console.print(f"  {escape(advice.command)}")
     for path in record.written or []:
         console.print(f"wrote {escape(path)}")
 

@@ -84,6 +84,9 @@ def compare(
     topology: str | None = typer.Option(None, "--topology", help="Compile the targets of --backends this machine "
                                         "cannot run (jax-tpu) for this TPU slice (e.g. v5e-8) instead: a "
                                         "compile-only row of estimates, apart from the measured ones."),
+    recommend: bool = typer.Option(True, "--recommend/--no-recommend", help="After the race, name the fastest "
+                                   "target whose losses pass parity against the reference, its speed-up and the "
+                                   "xbridge run command for it (in the table, report.md and results.json)."),
     out: Path = typer.Option(Path("out/compare"), help="Directory for results.json, results.csv, the plots and "
                                                        "each run's run.json."),
     format: Format = FORMAT,
@@ -102,7 +105,7 @@ def compare(
     over_targets("compare", program, out, format, backends=backends, steps=steps, warmup=warmup, devices=devices,
                  precision=precision, mesh=mesh, timeout_s=timeout, reference=reference, rng=rng,
                  remat=remat, attention=attention, tensorboard=tensorboard, profile=profile, processes=processes,
-                 topology=topology)
+                 topology=topology, recommend=recommend)
 
 
 

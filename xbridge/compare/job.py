@@ -16,6 +16,7 @@ from ..parity import policy
 from ..run.isolated import REFERENCE, TargetRun, resolve_reference, resolve_targets, run_target
 from .options import CompareOptions
 from .peaks import Peak
+from .recommend import recommend
 from .record import CompareRecord, CompareRow, TargetMetrics
 
 __all__ = ["CSV_FIELDS", "CompareOptions", "TargetMetrics", "attention_text", "compare", "metrics_of", "write_outputs"]
@@ -141,5 +142,8 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), options=options, flops_per_step=flops,
         reference=reference, loss_limit=policy.tolerance(program.precision).loss_rtol,
         provenance=provenance(program), targets=rows, estimates=estimates)
+    if options.recommend:
+        record.recommendation = recommend(rows, reference, options.steps, program.precision.name,
+                                          record.loss_limit)
     record.written = [str(p) for p in write_outputs(out, record)]
     return record

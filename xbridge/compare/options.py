@@ -29,6 +29,7 @@ class CompareOptions:
     profile: str | None = None        # --profile steps=A:B: each target's trace under runs/<target>/profile
     processes: int = 1                # --processes: jax targets as this many processes of ``devices`` each
     topology: str | None = None       # --topology: targets not here (jax-tpu) compiled for this TPU slice instead
+    recommend: bool = True            # --recommend/--no-recommend: name the target to run after the race
 
     def __post_init__(self) -> None:
         if self.processes < 1:

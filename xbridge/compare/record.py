@@ -13,6 +13,7 @@ from ..run.isolated import TargetRun
 from ..run.record import RunRecord
 from .estimates import EstimateRow
 from .options import CompareOptions
+from .recommend import Recommendation
 
 
 @dataclass
@@ -101,6 +102,7 @@ class CompareRecord:
     provenance: dict[str, Any]       # command line, program file, its git commit/dirty
     targets: list[CompareRow]
     estimates: list[EstimateRow] = dataclasses.field(default_factory=list)   # compile-only rows (--topology)
+    recommendation: Recommendation | None = None     # the target to run (None: --no-recommend)
     written: list[str] | None = None     # the files written under --out (not in results.json itself)
 
     @property
@@ -113,6 +115,7 @@ class CompareRecord:
         data["options"] = self.options.to_json()
         data["targets"] = [row.to_json() for row in self.targets]
         data["estimates"] = [row.to_json() for row in self.estimates]
+        data["recommendation"] = None if self.recommendation is None else self.recommendation.to_json()
         if self.written is None:
             del data["written"]
         return data
@@ -123,4 +126,6 @@ class CompareRecord:
         values["options"] = CompareOptions.from_json(data["options"])
         values["targets"] = [CompareRow.from_json(row) for row in data["targets"]]
         values["estimates"] = [EstimateRow.from_json(row) for row in data.get("estimates", [])]
+        if data.get("recommendation") is not None:
+            values["recommendation"] = Recommendation.from_json(data["recommendation"])
         return cls(**values)

@@ -37,6 +37,18 @@ def estimates_section(record: CompareRecord) -> list[str]:
     return lines
 
 
+def recommendation_section(record: CompareRecord) -> list[str]:
+    """The target to run, why, and its command; or why there is none (compare --no-recommend: nothing)."""
+    advice = record.recommendation
+    if advice is None:
+        return []
+    lines = ["", f"**Recommended: {advice.target or 'none'}.** {advice.reason}."]
+    if advice.command:
+        lines += ["", "```bash", advice.command, "```"]
+    lines += [f"- not recommended: {target}, {why}" for target, why in advice.excluded.items()]
+    return lines
+
+
 def render(record: CompareRecord) -> str:
     options = record.options
     machine = record.machine
@@ -80,6 +92,7 @@ def render(record: CompareRecord) -> str:
             f"{_num(100 * m.mfu, '.1f', '%')} | {_num(m.peak_host_rss_mib, '.0f')} | "
             f"{_num(m.device_peak_mib, '.0f')} | {_num(m.recompiles, 'd')} | {m.attention or 'unknown'} | "
             f"{dev} |")
+    lines += recommendation_section(record)
     lines += ["", "MFU = achieved FLOP/s (FLOPs per step / median step time) over the peak of the devices used:"]
     lines += [f"- {target}: {source}" for target, source in peaks.items()]
     profiled = [(row.target, row.result.profile) for row in record.targets
