@@ -192,3 +192,45 @@ def test_flops_per_step_is_exact_for_the_mlp(mlp_program):
     batch = mlp_program.data.batch_size
     # forward 2*W*B, backward 4*W*B, minus the input gradient of the first layer (x needs no gradient)
     assert flops_per_step(mlp_program) == 6 * weights * batch - 2 * 64 * 256 * batch
+
+
+class _NormedDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 32)
+        self.norm = torch.nn.BatchNorm1d(32)
+        self.drop = torch.nn.Dropout(0.3)
+        self.out = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.out(self.drop(self.norm(self.fc(x))))
+
+
+def test_the_probes_change_nothing_training_then_computes():
+    """--trace-modules's forward and gradient probes (parity --bisect) put back BatchNorm's running statistics, torch's
+    generator and the parameters' .grad: the run after them is the run without them, bit for bit; the gradients are
+    the loss's own."""
+    import torch.nn.functional as F
+
+    program = xb.Program(name="normed", model=_NormedDropout, data=xb.data.Digits(batch_size=32),
+                         loss=lambda model, batch: F.cross_entropy(model(batch["x"]), batch["y"]),
+                         optimizer=xb.AdamW(lr=1e-2), precision="fp32", seed=0)
+    batch = program.data.batch(0, program.seed)
+
+    def three_steps(exe):     # one executable at a time: they share torch's generator, seeded when each is built
+        return [exe.step(program.data.batch(step, program.seed)) for step in range(3)], exe.state_dict()
+
+    plain = three_steps(lower(program))
+    probed = lower(program)
+    outputs, grads = probed.trace_modules(batch), probed.trace_gradients(batch)
+    assert list(outputs) == ["fc", "norm", "drop", "out", "<root>"]
+    assert sorted(grads) == sorted(name for name, _ in probed.model.named_parameters())
+    assert all(p.grad is None for p in probed.model.parameters())
+    steps, state = three_steps(probed)
+    assert steps == plain[0]
+    for name, value in plain[1].items():
+        assert np.array_equal(value, state[name]), name
+    fresh = lower(program)       # the probe's gradients are the loss's own, the same dropout mask drawn
+    F.cross_entropy(fresh.model(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
+    for name, param in fresh.model.named_parameters():
+        np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
@@ -134,8 +135,30 @@ def test_unmodified_hugging_face_gpt2(tmp_path):
     assert record["targets"], record
     for row in record["targets"]:
         assert row["verdict"] == "pass", row
-        assert row["first_divergent_module"] is None
+        assert row["first_divergent_module"] is None and row["first_divergent_gradient"] is None, row
     assert code == 0
+
+
+def test_bisect_names_the_module_whose_backward_differs(tmp_path):
+    """A user's autograd.Function whose backward differs off the CPU (tests/fixtures/backward_only.py): the forward
+    matches everywhere, so no module output differs; the gradients name the layer itself, not the layer before it
+    whose gradient it spoils, nor the head after it. Inductor runs the backward on the CPU and passes."""
+    code, record = parity(tmp_path, FIXTURES / "backward_only.py", "--backends", "jax-cpu,xla-cpu,inductor-cpu",
+                          "--steps", "3", "--bisect")
+    assert code == 1
+    rows = {row["target"]: row for row in record["targets"]}
+    for target in ("jax-cpu", "xla-cpu"):
+        row = rows[target]
+        assert row["verdict"] == "FAIL" and row["first_failing_step"] == 1 and row["first_divergent_module"] is None
+        found = row["first_divergent_gradient"]
+        assert (found["module"], found["parameter"]) == ("body", "body.weight"), row
+        assert found["deviation"] == pytest.approx(0.5, rel=1e-4)       # the backward's 1.5
+    inductor = rows["inductor-cpu"]
+    assert inductor["verdict"] == "pass" and inductor["first_divergent_gradient"] is None
+    trace = np.load(tmp_path / "traces" / "jax-cpu.npz")
+    reference = np.load(tmp_path / "traces" / "reference.npz")
+    np.testing.assert_allclose(trace["grad:head.weight"], reference["grad:head.weight"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(trace["grad:body.weight"], 1.5 * reference["grad:body.weight"], rtol=1e-5, atol=1e-7)
 
 
 def test_bad_parity_input(tmp_path):

@@ -208,6 +208,9 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._call("trace_modules", batch)[0]
 
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        return self._call("trace_gradients", batch)[0]
+
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         return self._call("matmul_dtypes", batch)[0]
 

@@ -278,6 +278,21 @@ class JaxExecutable(JaxState, Probes, Profiling):
             self.loss_of(self.state["params"], self.state["buffers"], self.put(batch))
         return out
 
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``jax.grad`` of the lowered loss (as the step differentiates it: a custom ``autograd.Function``'s own
+        backward, the scanned layers stacked), jitted; under the eager names (the first of a tied group)."""
+        buffers, placed = self.state["buffers"], self.put(batch)
+
+        def loss(params: dict[str, Any]) -> jax.Array:
+            value, count, _ = self.loss_of(params, buffers, placed)
+            return value if count is None else value / step_builders.nonzero(count)
+
+        with matmul_precision(self.program.precision.compute):
+            grads = self._host(jax.jit(jax.grad(loss))(self.state["params"]))
+        grads = self.stacks.unstack(grads)
+        return {eager: np.asarray(grads[canonical], dtype=np.float32)
+                for canonical, eager in self._eager_names().items()}
+
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """The products of the loss's jaxpr (traced, never compiled): what XLA is handed, attention's two products
         included."""

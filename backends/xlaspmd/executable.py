@@ -202,14 +202,34 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
                     xs.mark_sharding(value, self.mesh, self.stacked.stacks.spec_of(names[id(param)], self.planned))
         torch_xla.sync()
 
+    @contextlib.contextmanager
+    def _generator_kept(self) -> Iterator[None]:
+        """The device's generator, after a probe, where it was before (set again just before the first step: a
+        graph run in between moves it)."""
+        before = xm.get_rng_state(self.device)
+        yield
+        if self._rng_resumed is None:
+            self._rng_resumed = before
+
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from xbridge.torch.module_outputs import trace_torch
 
         # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
         tensors = batch_to_torch(batch, self.device, self.program.precision)
-        outputs = trace_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
-        torch_xla.sync()
+        with self._generator_kept():
+            outputs = trace_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
+            torch_xla.sync()
         return outputs
+
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Through the train step's loss (lazy, or Dynamo-captured with --xla-mode openxla), its backward run as
+        one graph before the gradients are read."""
+        from xbridge.torch.module_outputs import gradients_torch
+
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        with self._generator_kept():
+            return gradients_torch(self.program, self.model, self.train_step.loss_fn, tensors, "xla",
+                                   self._lazy_hint, self.train_step.random_factories, settle=torch_xla.sync)
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """Counted on lazy tensors as they are traced; the graph is dropped, never executed. Scanned layers are

@@ -41,7 +41,8 @@ def run(
     init_state: Path | None = typer.Option(None, help="Start from these weights (.npz under the eager names) "
                                                       "instead of building them from the seed."),
     trace_modules: Path | None = typer.Option(None, help="Before training, write every module's output on batch "
-                                                         "0 to this .npz (for parity --bisect)."),
+                                                         "0, and each parameter's gradient of its loss (keys "
+                                                         "'grad:NAME'), to this .npz (for parity --bisect)."),
     checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here: at the end, every "
                                                           "--checkpoint-every steps and on Ctrl-C."),
     checkpoint_every: int | None = typer.Option(None, help="Save a checkpoint every N steps (needs --checkpoint-dir)."),

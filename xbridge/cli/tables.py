@@ -205,6 +205,9 @@ def print_parity(record: ParityRecord) -> None:
         columns.append("vs fp32 loss dev")
     if bisect:
         columns.append("first divergent module")
+    gradients = any(c.gradients_traced for c in checks)
+    if gradients:
+        columns.append("first divergent gradient (backward)")
     census = any(c.census for c in checks)
     if census:
         columns.append("matmul dtypes (forward)")
@@ -230,6 +233,10 @@ def print_parity(record: ParityRecord) -> None:
         if bisect:
             found = c.first_divergent_module
             cells.append("none" if found is None else f"{escape(found.module)} ({found.deviation:.2e})")
+        if gradients:
+            grad = c.first_divergent_gradient
+            cells.append("-" if not c.gradients_traced else "none" if grad is None else
+                         f"{escape(grad.module)} ({escape(grad.parameter)} {grad.deviation:.2e})")
         if census:
             counts = c.matmul_dtypes
             text = "-" if counts is None else ", ".join(f"{n} {d}" for d, n in counts.items())

@@ -125,7 +125,9 @@ def parity(
     attention: str | None = ATTENTION,
     mesh: str | None = MESH,
     bisect: bool = typer.Option(False, "--bisect", help="Also name the first module whose forward output "
-                                                        "deviates (hooks on every module, first batch)."),
+                                                        "deviates (hooks on every module, first batch), and the "
+                                                        "first, in backward order, whose parameters' gradients "
+                                                        "do."),
     timeout: float = TIMEOUT,
     reference: str = REFERENCE_OPTION,
     jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each its own process (parity compares results, "

@@ -91,12 +91,23 @@ class Profiling(ABC):
         return contextlib.nullcontext()
 
 
+# --trace-modules writes both probes into one file: the module outputs under the module names, and each parameter's
+# gradient under this prefix and the parameter's name (a module name never holds a colon).
+GRADIENT_PREFIX = "grad:"
+
+
 class Probes(ABC):
     """One forward pass of the loss observed on a batch, without an update."""
 
     @abstractmethod
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each module's first floating output of one forward pass of the loss (no update), in execution order."""
+
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The gradient of the batch's loss by each trained parameter, as the stack's own step differentiates it
+        (no update), under the parameters' torch names in float32; None: not known. Neither probe may change what
+        training then computes."""
+        return None
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """The matrix products of one forward pass of the loss (eval mode, no update) counted by the dtype they
@@ -175,6 +186,11 @@ def traced_modules(executable: Executable, batch: dict[str, np.ndarray]) -> dict
         raise LoweringError(f"{type(executable).__name__} cannot record module outputs (--trace-modules, "
                             "parity --bisect)")
     return executable.trace_modules(batch)
+
+
+def traced_gradients(executable: Executable, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """:meth:`Probes.trace_gradients`; None when the executable has no probes or does not know them."""
+    return executable.trace_gradients(batch) if isinstance(executable, Probes) else None
 
 
 def reads_slices(executable: Executable) -> bool:

@@ -32,8 +32,9 @@ from ..run.isolated import (
 )
 from . import noise as quiet
 from . import policy
-from .divergence import first_divergence
+from .divergence import first_divergence, first_gradient_divergence, split_trace
 from .record import (
+    DivergentGradient,
     DivergentModule,
     Fp32Reference,
     NoiseReference,
@@ -298,6 +299,10 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 found = first_divergence(ref.trace, row.trace, tol.loss_rtol)
                 check.bisected = True
                 check.first_divergent_module = None if found is None else DivergentModule(*found)
+                if split_trace(ref.trace)[1] and split_trace(row.trace)[1]:
+                    grad = first_gradient_divergence(ref.trace, row.trace, tol.param_rtol)
+                    check.gradients_traced = True
+                    check.first_divergent_gradient = None if grad is None else DivergentGradient(*grad)
             verdict = "pass" if judged.ok else "FAIL"
             entry = ParityRow(target, row.run.status, row.run.devices, verdict, check=check)
             if draws and verdict == "FAIL":

@@ -22,6 +22,16 @@ class DivergentModule:
 
 
 @dataclass
+class DivergentGradient:
+    """--bisect: the first module, in backward order, whose own parameter's gradient at step 0 deviates, which
+    parameter, and by how much (relative L2)."""
+
+    module: str
+    parameter: str
+    deviation: float
+
+
+@dataclass
 class ParityCheck:
     """A finished target against the reference: the deviations and the limits they were held to."""
 
@@ -43,6 +53,8 @@ class ParityCheck:
     fp32_max_loss_dev: float | None = None     # against the reference's fp32 run, when it finished
     bisected: bool = False               # --bisect with both traces: first_divergent_module was looked for
     first_divergent_module: DivergentModule | None = None     # None: every module agrees
+    gradients_traced: bool = False       # --bisect, and both stacks gave their gradients
+    first_divergent_gradient: DivergentGradient | None = None   # None: every gradient agrees
     param_note: str | None = None        # the parameter's limit came from the reference's own noise (fp32: its
                                          # elements with no true gradient), and what they are
 
@@ -64,13 +76,16 @@ class ParityCheck:
         if self.bisected:
             found = self.first_divergent_module
             data["first_divergent_module"] = None if found is None else dataclasses.asdict(found)
+        if self.gradients_traced:
+            grad = self.first_divergent_gradient
+            data["first_divergent_gradient"] = None if grad is None else dataclasses.asdict(grad)
         if self.param_note is not None:
             data["max_param_dev_note"] = self.param_note
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ParityCheck:
-        found = data.get("first_divergent_module")
+        found, grad = data.get("first_divergent_module"), data.get("first_divergent_gradient")
         return cls(data["max_loss_dev"], data["max_loss_dev_at"], data["loss_limit"], data["first_failing_step"],
                    data["max_param_dev"], data["max_param_dev_at"], data["param_limit"], data["losses"],
                    data["recompiles"], census="matmul_dtypes" in data, matmul_dtypes=data.get("matmul_dtypes"),
@@ -80,6 +95,8 @@ class ParityCheck:
                    fp32_max_loss_dev=data.get("fp32_max_loss_dev"),
                    bisected="first_divergent_module" in data,
                    first_divergent_module=None if found is None else DivergentModule(**found),
+                   gradients_traced="first_divergent_gradient" in data,
+                   first_divergent_gradient=None if grad is None else DivergentGradient(**grad),
                    param_note=data.get("max_param_dev_note"))
 
 

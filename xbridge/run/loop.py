@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import __version__, checkpoint, processes
 from ..contract import MultiProcess, ShardedCheckpoint, registry
-from ..contract.capabilities import diagnostics, probes, traced_modules
+from ..contract.capabilities import GRADIENT_PREFIX, diagnostics, probes, traced_gradients, traced_modules
 from ..data.source import BatchCheck, checked_batch, tokens_per_example
 from ..errors import ConfigError, Interrupted
 from ..files import write_npz
@@ -37,7 +37,8 @@ class RunOptions:
     devices: int = 1
     dump: Path | None = None
     state_out: Path | None = None   # write the final state_dict here (.npz, no pickle)
-    trace_out: Path | None = None   # write each module's output of a forward pass on batch 0, before training
+    trace_out: Path | None = None   # write each module's output of a forward pass on batch 0 and each parameter's
+                                    # gradient of its loss, before training
     backend_options: dict[str, str] = field(default_factory=dict)   # checked against the backend's declared options
     checkpoint_dir: Path | None = None     # save checkpoints here (at the end, every checkpoint_every, on Ctrl-C)
     checkpoint_every: int | None = None
@@ -139,7 +140,10 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         # the training batch as the step sees it (with --rng portable, its rows for the generator: the traced
         # forward draws what the step draws)
         check = BatchCheck(program.data, expected_rows=program.data.batch_size, rng_rows=rng_rows(program))
-        write_npz(options.trace_out, traced_modules(executable, check(program.data.batch(start, program.seed), start)))
+        probed = check(program.data.batch(start, program.seed), start)
+        outputs = traced_modules(executable, probed)
+        grads = traced_gradients(executable, probed) or {}
+        write_npz(options.trace_out, {**outputs, **{GRADIENT_PREFIX + name: value for name, value in grads.items()}})
     versions = {"xbridge": __version__, "numpy": np.__version__, **backend.versions()}
     assert options.warmup is not None   # RunOptions fills in the default
     warmup = min(options.warmup, options.steps - start - 1)

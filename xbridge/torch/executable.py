@@ -18,7 +18,7 @@ from xbridge.planner import ShardingPlan
 
 from . import attention, remat
 from .matmul_census import count_torch
-from .module_outputs import trace_torch
+from .module_outputs import gradients_torch, trace_torch
 from .profiling import torch_profiler, torch_step
 from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
@@ -82,6 +82,11 @@ class TorchExecutable(TorchTrainState, Probes, Profiling):
     def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
+
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = batch_to_torch(batch, self.device, self.program.precision)
+        return gradients_torch(self.program, self.model, self.train_step.loss_fn, tensors, self.device.type,
+                               self._hints, self.train_step.random_factories)
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
