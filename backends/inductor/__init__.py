@@ -11,20 +11,53 @@ from typing import TYPE_CHECKING
 
 from xbridge.cache import cache_dir
 from xbridge.contract import BackendOption, Executable, Target
+from xbridge.contract.checks import Finding, StepChecks
 from xbridge.errors import ConfigError
 from xbridge.ir.optim import AdamW
 from xbridge.torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
+    from xbridge.torch.op_census import Census
 
 
-class InductorBackend(TorchDeviceBackend):
+class InductorBackend(TorchDeviceBackend, StepChecks):
     name = "inductor"
     extra = "inductor"
     options = (BackendOption("compile_mode", ("default", "reduce-overhead", "max-autotune"), "default",
                              "torch.compile's mode"),)
     sharded = True
+
+    def operator_support(self, census: Census) -> dict[str, str]:
+        """AOTAutograd decomposes with Inductor's table, then Inductor lowers; an operator it has no lowering for
+        runs torch's own kernel from the generated code (its fallbacks, and implicit ones)."""
+        from torch._inductor import lowering
+        from torch._inductor.decomposition import select_decomp_table
+
+        from xbridge.torch.op_census import resolve
+
+        table = select_decomp_table()
+        out = {}
+        for name in census.ops:
+            op = resolve(name)
+            if op in table:
+                out[name] = "decomposed"
+            elif op in lowering.lowerings and op not in lowering.fallbacks:
+                out[name] = "lowered"
+            else:
+                out[name] = "kernel"
+        return out
+
+    def construct_findings(self, census: Census) -> list[Finding]:
+        """Dynamo breaks the graph where a value is read on the host or a shape comes from the data
+        (torch._dynamo.config capture_scalar_outputs and capture_dynamic_output_shape_ops are off): the step runs
+        as several compiled pieces with Python between them."""
+        found = [Finding("slow", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`): "
+                         "Dynamo breaks the graph there, and the step runs as several compiled pieces")
+                 for use in census.host_values()]
+        found += [Finding("slow", use.name, use.at, "gives a shape that depends on the values: Dynamo breaks the "
+                          "graph there") for use in census.data_dependent()]
+        return found
 
     def device_count(self, device: str) -> int | None:
         """CPU: any count (one process per device, like the other backends' virtual CPU devices); CUDA: the GPUs

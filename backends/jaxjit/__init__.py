@@ -15,18 +15,20 @@ from typing import TYPE_CHECKING
 
 from xbridge.contract import Backend, BackendOption, Executable, Target
 from xbridge.contract.ahead_of_time import AheadOfTime
+from xbridge.contract.checks import Finding, StepChecks
 from xbridge.errors import BackendUnavailable, ConfigError, RunError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
     from xbridge.aot.record import CompiledProgram
     from xbridge.aot.topology import Topology
+    from xbridge.torch.op_census import Census
 
 _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin")}
 _INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'xbridge[cuda]' on a CUDA machine"}
 
 
-class JaxBackend(Backend, AheadOfTime):
+class JaxBackend(Backend, AheadOfTime, StepChecks):
     name = "jax"
     devices = ("tpu", "cuda", "cpu")
     requires = ("jax", "optax", "torchax", "torch")
@@ -34,6 +36,29 @@ class JaxBackend(Backend, AheadOfTime):
     multi_process = True
     options = (BackendOption("sharding_mode", ("gspmd", "shard_map"), "gspmd",
                              "gspmd: jit with NamedSharding from the plan; shard_map: explicit collectives"),)
+
+    def operator_support(self, census: Census) -> dict[str, str]:
+        """torchax's tables for what the forward calls; JAX differentiates the forward's JAX functions itself
+        (jax.grad), so torch's backward operators never run here (a user's autograd Function aside, whose backward
+        runs as written: its operators are looked up too)."""
+        from .ops import support
+
+        called = [name for name, use in census.ops.items() if use.forward or census.functions]
+        return dict.fromkeys(census.ops, "lowered") | support(called)
+
+    def construct_findings(self, census: Census) -> list[Finding]:
+        """JAX traces the whole step with static shapes: a value read on the host or a shape from the data cannot
+        be traced (the step fails at its first trace); a user's autograd Function is carried as a custom_vjp."""
+        found = [Finding("fails", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`) "
+                         "inside the step, which JAX traces without values; compute it with tensor ops "
+                         "(torch.where) or outside the loss") for use in census.host_values()]
+        found += [Finding("fails", use.name, use.at, "gives a shape that depends on the values, which JAX's static "
+                          "shapes cannot trace; use masks, torch.where or topk with a fixed size")
+                  for use in census.data_dependent()]
+        found += [Finding("note", f"autograd.Function {fn['name']}", fn["where"], "carried as a jax.custom_vjp: "
+                          "its own backward runs (a backward that reads a value is refused at init)")
+                  for fn in census.functions]
+        return found
 
     def device_reason(self, device: str) -> str | None:
         if device == "cpu":

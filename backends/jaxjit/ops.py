@@ -74,3 +74,26 @@ def register() -> None:
     from . import patches
 
     patches.apply()
+
+
+def support(names: list[str]) -> dict[str, str]:
+    """How torchax (with xbridge's additions) carries each aten operator (``xbridge check``): ``lowered`` (a JAX
+    function in its operator table, or xbridge's), ``decomposed`` (its decomposition table) or ``missing`` (the
+    step fails with torchax's OperatorNotFound). Read from torchax's own tables, as its dispatch looks them up."""
+    from torchax import decompositions
+    from torchax.ops import jaten, jtorch, ops_registry  # noqa: F401  (importing them fills the table)
+
+    from xbridge.torch.op_census import resolve
+
+    ours = {op for op, _ in jax_lowerings()} | {packet for packet, _ in torch_replacements()}
+    out = {}
+    for name in names:
+        op = resolve(name)
+        keys = (op, getattr(op, "overloadpacket", None))
+        if any(key in ops_registry.all_aten_ops or key in ours for key in keys):
+            out[name] = "lowered"
+        elif any(key in decompositions.DECOMPOSITIONS for key in keys):
+            out[name] = "decomposed"
+        else:
+            out[name] = "missing"
+    return out

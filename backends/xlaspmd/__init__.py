@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 
 from xbridge.contract import Backend, BackendOption, Executable, Target
 from xbridge.contract.ahead_of_time import AheadOfTime
+from xbridge.contract.checks import Finding, StepChecks
 from xbridge.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
     from xbridge.aot.record import CompiledProgram
     from xbridge.aot.topology import Topology
+    from xbridge.torch.op_census import Census
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
 # What a TPU VM has: the chips' device files (v4 and later: /dev/accel*, v5e and later through VFIO: /dev/vfio), or
@@ -35,7 +37,7 @@ def _remove_owned() -> None:
         Path(name).unlink(missing_ok=True)
 
 
-class XlaBackend(Backend, AheadOfTime):
+class XlaBackend(Backend, AheadOfTime, StepChecks):
     name = "xla"
     devices = ("tpu", "cpu")
     requires = ("torch_xla", "torch")
@@ -48,6 +50,23 @@ class XlaBackend(Backend, AheadOfTime):
                              "loss (torch.compile(backend=\"openxla\"))"),)
     unsupported = {"cuda": "torch_xla 2.9 has no CUDA support (removed upstream; its successor targets TPU): "
                            "use inductor-cuda or jax-cuda"}
+
+    def operator_support(self, census: Census) -> dict[str, str]:
+        from .ops import support
+
+        return {name: "host" if status == "fallback" else status for name, status in support(list(census.ops)).items()}
+
+    def construct_findings(self, census: Census) -> list[Finding]:
+        """The step is one XLA graph (torch_xla.compile, --xla-mode lazy, the default): a value or a shape the host
+        must know inside it stops it (executable.host_values_named says so at the first step)."""
+        why = ("torch_xla compiles the step as one graph (--xla-mode lazy), which cannot stop for it: the step "
+               "fails; write it with fixed shapes (masks, torch.where, a weighted loss) or run it on eager or "
+               "inductor")
+        found = [Finding("fails", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`); "
+                         + why) for use in census.host_values()]
+        found += [Finding("fails", use.name, use.at, "gives a shape that depends on the values; " + why)
+                  for use in census.data_dependent()]
+        return found
 
     def device_reason(self, device: str) -> str | None:
         if device == "tpu" and not (any(Path(f).exists() for f in TPU_DEVICE_FILES) or os.environ.get("TPU_NAME")):

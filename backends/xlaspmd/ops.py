@@ -99,3 +99,38 @@ def register() -> None:
         library.impl("native_batch_norm", batch_norm, "XLA")
     autocast.register(library)
     _LIBRARY.append(library)
+
+
+def support(names: list[str]) -> dict[str, str]:
+    """How torch_xla (with xbridge's kernels) carries each aten operator (``xbridge check``): ``lowered`` (a kernel
+    at the XLA key: torch_xla's, or xbridge's), ``decomposed`` (a composite kernel written in other operators) or
+    ``fallback`` (none: torch_xla copies the inputs to the host, runs torch's CPU kernel and copies back, at every
+    call). Read from torch's dispatcher, where torch_xla registers its kernels."""
+    import torch_xla  # noqa: F401  (its kernels register with the dispatcher when it loads)
+    from torch._C import _dispatch_has_kernel_for_dispatch_key
+
+    def has_kernel(name: str, key: str) -> bool:
+        try:
+            return bool(_dispatch_has_kernel_for_dispatch_key(name, key))
+        except RuntimeError:        # no such operator (a backward's name with no forward of that name)
+            return False
+
+    def differentiated_by_torch_xla(name: str) -> bool:
+        """A backward operator (``native_layer_norm_backward``) whose forward torch_xla differentiates itself (a
+        kernel at ``AutogradXLA``): on XLA tensors the backward operator is never called."""
+        base = name.partition(".")[0]
+        for suffix in ("_backward_data", "_backward"):
+            if base.endswith(suffix):
+                return has_kernel(base.removesuffix(suffix), "AutogradXLA")
+        return False
+
+    register()
+    out = {}
+    for name in names:
+        if has_kernel(name, "XLA") or has_kernel(name, "AutogradXLA") or differentiated_by_torch_xla(name):
+            out[name] = "lowered"
+        elif has_kernel(name, "CompositeExplicitAutograd") or has_kernel(name, "CompositeImplicitAutograd"):
+            out[name] = "decomposed"
+        else:
+            out[name] = "fallback"
+    return out

@@ -2,9 +2,9 @@
 ``XBRIDGE_DEBUG=1`` shows tracebacks.
 
 The commands are in their own modules: ``run`` (run_command.py, its backend flags in backend_flags.py), ``compare``
-and ``parity`` (target_commands.py), ``cache``, ``backends`` and ``inspect`` (info_commands.py); the options they
-share in common_options.py. Here they are registered, in the order ``--help`` lists them, each with its example, and
-:func:`main` turns what they raise into one error line and an exit code."""
+and ``parity`` (target_commands.py), ``check``, ``cache``, ``backends`` and ``inspect`` (info_commands.py); the
+options they share in common_options.py. Here they are registered, in the order ``--help`` lists them, each with its
+example, and :func:`main` turns what they raise into one error line and an exit code."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..errors import XBridgeError
 from . import run_command
 from .backend_flags import WithBackendOptions
 from .compile_command import compile_command
-from .info_commands import backends, cache, inspect
+from .info_commands import backends, cache, check, inspect
 from .run_command import run
 from .target_commands import compare, parity
 
@@ -40,6 +40,7 @@ app.command("compile", context_settings={"ignore_unknown_options": True, "allow_
             epilog="Example: xbridge compile programs/gpt.py --backend jax-tpu --topology v5e-8 --precision "
                    "bf16-mixed\n\nFit: xbridge compile programs/gpt.py --topology v5e-8 --fit",
             cls=WithBackendOptions)(compile_command)
+app.command(epilog="Example: xbridge check programs/gpt.py --backends jax-cpu,xla-cpu,inductor-cpu,jax-tpu")(check)
 app.command(epilog="Example: xbridge cache --clear inductor")(cache)
 app.command(epilog="Example: xbridge backends --format json")(backends)
 app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")(inspect)

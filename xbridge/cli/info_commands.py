@@ -8,7 +8,7 @@ import dataclasses
 import typer
 
 from ..errors import ConfigError
-from .common_options import FORMAT, MESH, PROGRAM, REMAT, Format, emit
+from .common_options import FORMAT, MESH, PROGRAM, REMAT, RNG, Format, emit
 from .program_overrides import load_with_overrides
 
 
@@ -63,3 +63,27 @@ def inspect(
             "flops_per_step": flops_per_step(prog, batch), "batch_size": prog.data.batch_size,
             "plan": the_plan.to_json(), "memory": estimate(prog, the_plan, batch).to_json()}
     emit(info, format, print_inspect)
+
+
+def check(
+    program: str = PROGRAM,
+    backends: str | None = typer.Option(None, "--backends", help="Comma-separated targets to check (also ones this "
+                                        "machine cannot run, e.g. jax-tpu: the stacks' tables are the same). "
+                                        "Default: every target available here."),
+    devices: int = typer.Option(1, help="Devices the mesh spans (sharding and memory per device)."),
+    mesh: str | None = MESH,
+    precision: str | None = typer.Option(None, help="Override the program's precision."),
+    rng: str | None = RNG,
+    format: Format = FORMAT,
+) -> None:
+    """Say, without training, where the program will run and why not: every operator of its step against each
+    stack's tables, the constructs that change behaviour on some stack, sharding and memory per device; a verdict
+    per target. Exit 0 with the report."""
+    from ..check.job import CheckOptions
+    from ..check.job import check as check_job
+    from .tables import print_check
+    from .target_commands import target_list
+
+    prog = load_with_overrides(program, precision, mesh=mesh, rng=rng)
+    record = check_job(prog, CheckOptions(targets=target_list(backends), devices=devices))
+    emit(record, format, print_check)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..check.record import CheckRecord
 from ..compare.record import CompareRecord
 from ..parity.record import ParityRecord
 from ..run.record import RunRecord
@@ -263,3 +264,39 @@ def print_caches(record: dict[str, Any]) -> None:
     console.print(table)
     if not record["caches"]:
         console.print("no cache" + (" to clear" if record["cleared"] else " yet: the first compiled run writes them"))
+
+
+def print_check(record: CheckRecord) -> None:
+    """xbridge check: a verdict per target, then each target's findings (worst first), the constructs and memory."""
+    colours = {"runs": "green", "runs-slow": "yellow", "differs": "yellow", "fails": "red"}
+    mesh = ", ".join(f"{axis}={size}" for axis, size in record.mesh.items())
+    table = Table(title=f"check of {escape(record.program)} ({record.precision}, {record.devices} device(s), mesh "
+                        f"{mesh}, rng {record.rng}): {len(record.operators)} operators traced on {record.traced_on}")
+    for col in ("target", "verdict", "operators (lowered/decomposed/kernel/host/missing)", "why"):
+        table.add_column(col, overflow="fold")
+    for row in record.targets:
+        counts = "/".join(str(row.operators.get(k, 0)) for k in ("lowered", "decomposed", "kernel", "host", "missing"))
+        table.add_row(row.target, f"[{colours[row.verdict]}]{row.verdict}[/]", counts if row.operators else "-",
+                      escape(row.summary))
+    console.print(table)
+    for row in record.targets:
+        shown = [f for f in row.findings if f.severity != "note"]
+        for finding in shown[:12]:
+            console.print(f"{escape(row.target)}: [{'red' if finding.severity == 'fails' else 'yellow'}]"
+                          f"{finding.severity}[/] {escape(finding.what)} in {escape(finding.where)}: "
+                          f"{escape(finding.why)}")
+        if len(shown) > 12:
+            console.print(f"{escape(row.target)}: ... {len(shown) - 12} more (--format json lists them all)")
+    for fn in record.functions:
+        console.print(f"autograd.Function {escape(fn['name'])} at {escape(fn['where'])}")
+    for key in record.mutated_inputs:
+        console.print(f"the forward changes batch key {key!r} in place (each stack gets its own copy of the batch)")
+    if record.unmatched:
+        console.print(f"no sharding rule matches {len(record.unmatched)} parameter(s), replicated: "
+                      f"{escape(', '.join(record.unmatched[:8]))}{' ...' if len(record.unmatched) > 8 else ''}")
+    memory = record.memory
+    console.print(f"memory per device (estimate): {_bytes(memory['total'])} (parameters {_bytes(memory['params'])}, "
+                  f"gradients {_bytes(memory['grads'])}, optimizer {_bytes(memory['optimizer'])}, activations "
+                  f"{_bytes(memory['activations'] or 0)})")
+    if record.meta_failure:
+        console.print(f"traced on the CPU: the meta device could not run the step ({escape(record.meta_failure)})")

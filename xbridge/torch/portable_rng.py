@@ -590,6 +590,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.where = where
         self.found: list[tuple[str, str]] = []
+        self.carried: list[bool] = []       # per draw: --rng portable draws it (False: refuses it)
 
     def __torch_function__(self, func: Callable, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -606,12 +607,18 @@ class _Recorder(TorchFunctionMode):
             name = getattr(func, "__name__", str(func))
         if name is not None:
             self.found.append((self.where[-1] if self.where else "(loss)", name))
+            self.carried.append(func not in _REFUSED)
         return func(*args, **kwargs)
 
 
 def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
     """(module, op) of every random draw one training forward of ``program`` makes, in execution order: the model
     built on the meta device and the loss run on a meta ``batch`` (shapes only, no arithmetic)."""
+    return [(module, op) for module, op, _ in random_draw_report(program, batch)]
+
+
+def random_draw_report(program: Any, batch: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """:func:`random_draws`, each with whether ``--rng portable`` draws it (False: it refuses it)."""
     from xbridge.weights import meta_model
 
     model = meta_model(program)
@@ -635,7 +642,13 @@ def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
     finally:
         for handle in handles:
             handle.remove()
-    return recorder.found
+    return [(module, op, carried) for (module, op), carried in zip(recorder.found, recorder.carried, strict=True)]
+
+
+def draw_recorder(where: list[str]) -> _Recorder:
+    """A mode that notes each random draw of what runs inside it with ``where[-1]`` (the module running), as
+    :func:`random_draw_report` does: ``.found`` (module, op) and ``.carried`` (--rng portable draws it)."""
+    return _Recorder(where)
 
 
 def active_mode() -> PortableRandom | None:

@@ -1,0 +1,101 @@
+"""``xbridge check``: each construct of tests/fixtures/check_constructs.py found with its line and the verdict it
+gives each target, a program with none clean everywhere, and the verdicts held against what a run does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import FIXTURES, PROGRAMS, one_error_line, run_cli
+
+pytestmark = pytest.mark.cli
+FIXTURE = FIXTURES / "check_constructs.py"
+TARGETS = "eager-cpu,inductor-cpu,jax-cpu,xla-cpu"
+
+
+def check(program: str, *args: str) -> dict:
+    proc = run_cli("check", program, "--backends", TARGETS, "--format", "json", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def verdicts(record: dict) -> dict[str, str]:
+    return {row["target"]: row["verdict"] for row in record["targets"]}
+
+
+def findings(record: dict, target: str, severity: str) -> list[dict]:
+    row = next(row for row in record["targets"] if row["target"] == target)
+    return [f for f in row["findings"] if f["severity"] == severity]
+
+
+def test_a_program_with_nothing_to_say_is_clean_on_every_target():
+    record = check(str(PROGRAMS / "gpt.py"), "--backends", TARGETS + ",jax-tpu", "--devices", "4", "--mesh",
+                   "data=-1,model=2")
+    assert verdicts(record) == dict.fromkeys([*TARGETS.split(","), "jax-tpu"], "runs")
+    assert record["traced_on"] == "meta" and record["mesh"] == {"data": 2, "model": 2}
+    names = {op["name"] for op in record["operators"]}
+    assert {"aten::mm", "aten::native_layer_norm", "aten::embedding_dense_backward"} <= names
+    for row in record["targets"]:
+        assert row["operators"].get("missing", 0) == 0 and row["operators"].get("host", 0) == 0, row
+        assert sum(row["operators"].values()) == len(record["operators"])
+    assert record["memory"]["total"] > record["memory"]["params"] > 0
+    # the GPT's rules shard its projections; what no rule names (the position table, the norms) is replicated
+    assert "pos" in record["unmatched"] and "blocks.0.q.weight" not in record["unmatched"]
+
+
+def test_an_operator_one_stack_has_no_kernel_for():
+    """torch.cdist(p=1): its backward has no torch_xla kernel (the CPU runs it, at every step); JAX differentiates
+    the forward itself and never calls it."""
+    record = check(f"{FIXTURE}:prototypes")
+    assert verdicts(record) == {"eager-cpu": "runs", "inductor-cpu": "runs", "jax-cpu": "runs",
+                                "xla-cpu": "runs-slow"}
+    (slow,) = findings(record, "xla-cpu", "slow")
+    assert slow["what"] == "aten::_cdist_backward" and "its inputs go to the host" in slow["why"]
+
+
+@pytest.mark.parametrize("name,what,line", [("host_read", "aten::_local_scalar_dense", 43),
+                                            ("masked", "boolean mask (aten::index.Tensor)", 65)])
+def test_a_value_or_a_shape_the_host_must_know(name, what, line):
+    """Traced on the CPU (the meta device has no values); jax and xla's one-graph step cannot stop for it, Dynamo
+    breaks the graph there. A run says the same (tests/test_jax_backend.py and tests/test_xla_backend.py: their
+    refusals)."""
+    record = check(f"{FIXTURE}:{name}")
+    assert record["traced_on"] == "cpu" and record["meta_failure"]
+    assert verdicts(record) == {"eager-cpu": "runs", "inductor-cpu": "runs-slow", "jax-cpu": "fails",
+                                "xla-cpu": "fails"}
+    for target in ("jax-cpu", "xla-cpu"):
+        first = findings(record, target, "fails")[0]
+        assert first["what"] == what and first["where"].endswith(f"check_constructs.py:{line})"), first
+    row = next(row for row in record["targets"] if row["target"] == "jax-cpu")
+    assert row["summary"].startswith(f"will not run: {what} in ")
+
+
+def test_the_verdict_is_what_a_run_does():
+    """check's "fails" on jax is the run's refusal (a lowering error: exit 1), before any step."""
+    proc = run_cli("run", f"{FIXTURE}:host_read", "--backend", "jax-cpu", "--steps", "2")
+    assert proc.returncode == 1 and "computes a shape or a Python value from tensor data" in one_error_line(proc)
+
+
+def test_random_draws_under_either_generator():
+    native = check(f"{FIXTURE}:dropout")
+    assert verdicts(native) == {"eager-cpu": "runs", "inductor-cpu": "differs", "jax-cpu": "differs",
+                                "xla-cpu": "differs"}
+    assert native["draws"] == [{"module": "(model)", "op": "dropout", "portable": True}]
+    assert "--rng portable draws the same bits" in findings(native, "jax-cpu", "differs")[0]["why"]
+    assert verdicts(check(f"{FIXTURE}:dropout", "--rng", "portable")) == dict.fromkeys(TARGETS.split(","), "runs")
+    refused = check(f"{FIXTURE}:alpha_dropout")
+    assert verdicts(refused) == dict.fromkeys(TARGETS.split(","), "fails")
+    assert findings(refused, "eager-cpu", "fails")[0]["why"].startswith("--rng portable refuses it")
+
+
+def test_a_user_function_is_named_and_the_table_reads():
+    proc = run_cli("check", str(FIXTURES / "backward_only.py"), "--backends", "jax-cpu,xla-cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "autograd.Function OffCpuScaled at " in proc.stdout and "backward_only.py:14" in proc.stdout
+    assert "jax-cpu" in proc.stdout and "runs" in proc.stdout and "memory per device (estimate)" in proc.stdout
+
+
+def test_bad_check_input():
+    proc = run_cli("check", str(PROGRAMS / "mlp.py"), "--backends", "jax")
+    assert proc.returncode == 2 and "--backends 'jax': give BACKEND-DEVICE" in one_error_line(proc)

@@ -1,0 +1,210 @@
+"""What one training step of a program does, seen by torch (``xbridge check``): every aten operator its forward and
+backward call, by name and count, with the module and the program's source line of the first call; the user's own
+``torch.autograd.Function`` classes; the random draws and whether ``--rng portable`` carries them; the operators
+that read a tensor's value on the host (``.item()``, ``if tensor:``) or give a data-dependent shape (``nonzero``,
+boolean indexing, ``unique``); and the batch keys the forward changes in place.
+
+The step is run once, shapes only, on the meta device (the model built there, a meta batch); a model the meta device
+cannot run (an operator that needs values: ``.item()``, ``nonzero``) runs once on the CPU instead, on its initial
+weights and the first batch. A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees the operators after
+torch's own composite decompositions, which is what every stack receives (torchax's dispatch, torch_xla's kernels,
+AOTAutograd's graph)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from xbridge.ir.program import Program
+
+__all__ = ["Census", "OpUse", "census", "op_name"]
+
+# Operators whose result is a host value (the step waits for the device, and a traced step cannot have it).
+HOST_VALUE_OPS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero")
+# Operators whose output shape depends on the values (static-shape compilers cannot trace them).
+DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::nonzero_static", "aten::_unique2", "aten::unique_dim",
+                      "aten::unique_consecutive", "aten::masked_select", "aten::nonzero_numpy",
+                      "aten::repeat_interleave.Tensor")
+_INDEXING = ("aten::index.Tensor", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
+_HERE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+         os.path.dirname(os.__file__))
+
+
+def op_name(func: Any) -> str:
+    """``aten::addmm``, ``aten::sum.dim_IntList``: torch's own name of an operator overload (the default overload
+    without a suffix)."""
+    return str(func.name())
+
+
+@dataclass
+class OpUse:
+    """One operator: how often the step calls it, in forward and backward, and where it is called first."""
+
+    name: str
+    forward: int = 0
+    backward: int = 0
+    module: str = ""          # the innermost module running when it was first called ("(backward)": autograd's)
+    where: str = ""           # file:line of the program's own code that called it first ("" when none is known)
+
+    @property
+    def at(self) -> str:
+        """Module and line: ``blocks.0 (prog.py:35)``."""
+        return f"{self.module} ({self.where})" if self.where else self.module
+
+
+@dataclass
+class Census:
+    device: str                                   # "meta" or "cpu": where the step was run
+    meta_failure: str | None                      # why the meta device could not run it (then: cpu)
+    ops: dict[str, OpUse]
+    functions: list[dict[str, str]]               # the user's autograd.Function classes: name, where
+    draws: list[dict[str, Any]]                   # random draws: module, op, portable (carried by --rng portable)
+    mutated_inputs: list[str]                     # batch keys the forward changed in place
+    masks: dict[str, OpUse] = dataclasses.field(default_factory=dict)   # boolean-mask indexing, by operator
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["ops"] = [dataclasses.asdict(use) for use in self.ops.values()]
+        data["masks"] = [dataclasses.asdict(use) for use in self.masks.values()]
+        return data
+
+    def host_values(self) -> list[OpUse]:
+        return [use for name, use in self.ops.items() if name in HOST_VALUE_OPS]
+
+    def data_dependent(self) -> list[OpUse]:
+        return [use for name, use in self.ops.items() if name in DATA_DEPENDENT_OPS] + list(self.masks.values())
+
+
+def _caller() -> str:
+    """file:line of the innermost frame outside torch, xbridge and the standard library: the program's (or its
+    model library's) own code."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_HERE) and not path.startswith("<"):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back     # type: ignore[assignment]
+    return ""
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self, where: list[str]) -> None:
+        super().__init__()
+        self.where = where
+        self.ops: dict[str, OpUse] = {}
+        self.masks: dict[str, OpUse] = {}        # indexing with a boolean mask: a data-dependent shape
+        self.backward = False
+
+    def _note(self, table: dict[str, OpUse], name: str) -> None:
+        use = table.get(name)
+        if use is None:
+            module = "(backward)" if self.backward else (self.where[-1] if self.where else "(loss)")
+            use = table[name] = OpUse(name, module=module, where="" if self.backward else _caller())
+        if self.backward:
+            use.backward += 1
+        else:
+            use.forward += 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = op_name(func)
+        self._note(self.ops, name)
+        if name in _INDEXING and any(isinstance(index, torch.Tensor) and index.dtype == torch.bool
+                                     for index in (args[1] if len(args) > 1 else ()) or ()):
+            self._note(self.masks, f"boolean mask ({name})")     # the kernel finds the rows itself (nonzero)
+        return func(*args, **(kwargs or {}))
+
+
+def _functions(loss: torch.Tensor) -> list[dict[str, str]]:
+    """The user's autograd.Function classes in the loss's graph (torch's own are not listed)."""
+    seen: dict[type, None] = {}
+    stack, visited, alive = [loss.grad_fn], set(), []      # alive: an id is only unique while its node lives
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        alive.append(node)
+        forward_cls = getattr(node, "_forward_cls", None)
+        if isinstance(forward_cls, type) and not forward_cls.__module__.startswith("torch."):
+            seen.setdefault(forward_cls)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    out = []
+    for cls in seen:
+        try:
+            where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+        except (OSError, TypeError):
+            where = cls.__module__
+        out.append({"name": cls.__qualname__, "where": where})
+    return out
+
+
+def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+         ) -> tuple[_Ops, list[dict[str, str]], list[str], list[dict[str, Any]]]:
+    from .portable_rng import draw_recorder
+    from .train import loss_parts, per_item
+
+    model.train()
+    where: list[str] = []
+    handles = []
+
+    def leave(module: Any, args: Any, output: Any) -> None:     # None: a hook's result would replace the output
+        where.pop()
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: where.append(name or "(model)")))
+        handles.append(module.register_forward_hook(leave))
+    versions = {key: value._version for key, value in batch.items()}
+    recorder, draws = _Ops(where), draw_recorder(where)
+    try:
+        with draws, recorder:
+            value, count = loss_parts(program.loss(model, batch), program)
+            loss = value if count is None else per_item(value, count)
+        mutated = [key for key, value in batch.items() if value._version != versions[key]]
+        functions = _functions(loss) if loss.requires_grad else []
+        recorder.backward = True
+        with recorder:
+            if loss.requires_grad:
+                loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    found = [{"module": module, "op": op, "portable": carried}
+             for (module, op), carried in zip(draws.found, draws.carried, strict=True)]
+    return recorder, functions, mutated, found
+
+
+def census(program: Program, batch: dict[str, np.ndarray]) -> Census:
+    """One forward and backward of ``program``'s loss on ``batch``: on the meta device, or on the CPU when the meta
+    device cannot run it."""
+    from xbridge.weights import initial_weights, meta_model
+
+    from .train import batch_to_torch, build_model
+
+    failure = None
+    try:
+        meta = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta") for k, v in batch.items()}
+        ops, functions, mutated, draws = _run(program, meta_model(program), meta)
+        device = "meta"
+    except Exception as exc:    # an operator that needs values: once more, on the CPU
+        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        model = build_model(program, initial_weights(program), torch.device("cpu"))
+        tensors = batch_to_torch(batch, torch.device("cpu"), program.precision)
+        ops, functions, mutated, draws = _run(program, model, tensors)
+        device = "cpu"
+    return Census(device, failure, ops.ops, functions, draws, mutated, ops.masks)
+
+
+def resolve(name: str) -> Any:
+    """The operator overload ``name`` (:func:`op_name`) stands for."""
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), packet_name)
+    return getattr(packet, overload or "default")
