@@ -135,7 +135,10 @@ def test_unmodified_hugging_face_gpt2(tmp_path):
     assert record["targets"], record
     for row in record["targets"]:
         assert row["verdict"] == "pass", row
-        assert row["first_divergent_module"] is None and row["first_divergent_gradient"] is None, row
+        assert row["first_divergent_module"] is None, row
+        # the gradients' bisect: jax and xla; inductor's ranks give none yet (their parameters get no .grad)
+        assert row["first_divergent_gradient"] is None if row["target"] != "inductor-cpu" else \
+            "first_divergent_gradient" not in row, row
     assert code == 0
 
 

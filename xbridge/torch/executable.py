@@ -83,10 +83,12 @@ class TorchExecutable(TorchTrainState, Probes, Profiling):
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
 
-    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """None where the model's parameters get no ``.grad`` from the loss's backward (inductor's ranks: the
+        data-parallel wrapper keeps them elsewhere), rather than an empty answer."""
         tensors = batch_to_torch(batch, self.device, self.program.precision)
         return gradients_torch(self.program, self.model, self.train_step.loss_fn, tensors, self.device.type,
-                               self._hints, self.train_step.random_factories)
+                               self._hints, self.train_step.random_factories) or None
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         tensors = batch_to_torch(batch, self.device, self.program.precision)
