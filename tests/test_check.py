@@ -54,8 +54,21 @@ def test_an_operator_one_stack_has_no_kernel_for():
     assert slow["what"] == "aten::_cdist_backward" and "its inputs go to the host" in slow["why"]
 
 
-@pytest.mark.parametrize("name,what,line", [("host_read", "aten::_local_scalar_dense", 43),
-                                            ("masked", "boolean mask (aten::index.Tensor)", 65)])
+def test_a_function_the_stack_lowers_whole_is_not_looked_up_by_its_operators():
+    """torchax runs torch.linalg.det as one JAX function (its function table is looked up before the aten one), so
+    aten::_linalg_det, in no torchax table, never reaches it: jax runs it (a run trains, and is not refused)."""
+    record = check(f"{FIXTURE}:volumes", "--backends", "jax-cpu")
+    assert verdicts(record) == {"jax-cpu": "runs"}
+    (det,) = [op for op in record["operators"] if op["name"] == "aten::_linalg_det"]
+    assert det["functions"] == ["torch._C._linalg.linalg_det"] and det["forward"] == 1, det
+    proc = run_cli("run", f"{FIXTURE}:volumes", "--backend", "jax-cpu", "--steps", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    losses = [step["loss"] for step in json.loads(proc.stdout)["steps"]]
+    assert len(losses) == 2 and all(loss == loss for loss in losses)
+
+
+@pytest.mark.parametrize("name,what,line", [("host_read", "aten::_local_scalar_dense", 57),
+                                            ("masked", "boolean mask (aten::index.Tensor)", 79)])
 def test_a_value_or_a_shape_the_host_must_know(name, what, line):
     """Traced on the CPU (the meta device has no values); jax and xla's one-graph step cannot stop for it, Dynamo
     breaks the graph there. A run says the same (tests/test_jax_backend.py and tests/test_xla_backend.py: their
@@ -72,9 +85,13 @@ def test_a_value_or_a_shape_the_host_must_know(name, what, line):
 
 
 def test_the_verdict_is_what_a_run_does():
-    """check's "fails" on jax is the run's refusal (a lowering error: exit 1), before any step."""
+    """check's "fails" on jax is the run's refusal before anything is compiled (xbridge/check/before_run.py), exit
+    2, with check's own words."""
     proc = run_cli("run", f"{FIXTURE}:host_read", "--backend", "jax-cpu", "--steps", "2")
-    assert proc.returncode == 1 and "computes a shape or a Python value from tensor data" in one_error_line(proc)
+    line = one_error_line(proc)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert line.startswith("error: program 'host-read' cannot run on jax-cpu: aten::_local_scalar_dense in "), line
+    assert "check_constructs.py:57)" in line and "which JAX traces without values" in line, line
 
 
 def test_random_draws_under_either_generator():

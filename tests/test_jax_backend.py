@@ -10,7 +10,8 @@ import pytest
 
 import xbridge as xb
 from helpers import PROGRAMS, run_cli
-from xbridge.errors import BackendUnavailable, LoweringError
+from xbridge.check import before_run
+from xbridge.errors import BackendUnavailable, LoweringError, ProgramError
 from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions
 from xbridge.run.prepare import prepare
@@ -298,7 +299,7 @@ def test_grouped_mm_lowering_matches_torch_forward_and_backward():
                                torch._grouped_mm(at, dy, offs=offs).numpy(), atol=1e-5)
 
 
-def test_a_data_dependent_shape_is_one_line_naming_the_module(mlp_program):
+def test_a_data_dependent_shape_is_one_line_naming_the_module(mlp_program, monkeypatch):
     """Boolean indexing (a shape computed from tensor data) cannot be traced with static shapes: one line naming the
     module and the ways out, not JAX's tracer error."""
     from torch import nn
@@ -317,6 +318,11 @@ def test_a_data_dependent_shape_is_one_line_naming_the_module(mlp_program):
             return self.fc(x) + self.keep(x)
 
     program = mlp_program.replace(name="masked", model=Model, sharding=xb.Sharding())
+    with pytest.raises(ProgramError, match=r"program 'masked' cannot run on jax-cpu: boolean mask "
+                                           r"\(aten::index.Tensor\) in keep \(.*test_jax_backend.py:\d+\)"):
+        prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1))      # check's verdict, before compute
+    # what the census cannot see (it cannot trace the step) meets the stack's own refusal, at lowering
+    monkeypatch.setattr(before_run, "refuse_what_fails", lambda *args: None)
     with pytest.raises(LoweringError, match=r"module 'keep' of program 'masked' computes a shape or a Python value "
                                             r"from tensor data .* run it on eager or inductor"):
         prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1))

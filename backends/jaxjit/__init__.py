@@ -43,10 +43,10 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         runs as written: its operators are looked up too)."""
         from .ops import support
 
-        called = [name for name, use in census.ops.items() if use.forward or census.functions]
+        called = [use for use in census.ops.values() if use.forward or census.functions]
         return dict.fromkeys(census.ops, "lowered") | support(called)
 
-    def construct_findings(self, census: Census) -> list[Finding]:
+    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
         """JAX traces the whole step with static shapes: a value read on the host or a shape from the data cannot
         be traced (the step fails at its first trace); a user's autograd Function is carried as a custom_vjp."""
         found = [Finding("fails", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`) "

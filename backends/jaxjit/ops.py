@@ -20,7 +20,7 @@ Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forwa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,9 @@ import torch
 
 from xbridge.errors import LoweringError
 from xbridge.torch.batch_norm import batch_norm, batch_norm_no_training
+
+if TYPE_CHECKING:
+    from xbridge.torch.op_census import OpUse
 
 
 def _group_sizes(offs: jax.Array) -> jax.Array:
@@ -76,24 +79,29 @@ def register() -> None:
     patches.apply()
 
 
-def support(names: list[str]) -> dict[str, str]:
+def support(uses: list[OpUse]) -> dict[str, str]:
     """How torchax (with xbridge's additions) carries each aten operator (``xbridge check``): ``lowered`` (a JAX
-    function in its operator table, or xbridge's), ``decomposed`` (its decomposition table) or ``missing`` (the
-    step fails with torchax's OperatorNotFound). Read from torchax's own tables, as its dispatch looks them up."""
+    function in its operator table, or xbridge's; or every call of it is inside a torch function torchax lowers
+    whole, such as ``torch.cdist`` or ``F.interpolate``, so its dispatch never sees the operator), ``decomposed``
+    (its decomposition table) or ``missing`` (the step fails with torchax's OperatorNotFound). Read from torchax's
+    own tables, as its dispatch looks them up: the function first, then the operator, then its decomposition."""
     from torchax import decompositions
     from torchax.ops import jaten, jtorch, ops_registry  # noqa: F401  (importing them fills the table)
 
-    from xbridge.torch.op_census import resolve
+    from xbridge.torch.op_census import function_name, resolve
 
     ours = {op for op, _ in jax_lowerings()} | {packet for packet, _ in torch_replacements()}
+    whole = {function_name(func) for func in ops_registry.all_torch_functions}
     out = {}
-    for name in names:
-        op = resolve(name)
+    for use in uses:
+        op = resolve(use.name)
         keys = (op, getattr(op, "overloadpacket", None))
         if any(key in ops_registry.all_aten_ops or key in ours for key in keys):
-            out[name] = "lowered"
+            out[use.name] = "lowered"
         elif any(key in decompositions.DECOMPOSITIONS for key in keys):
-            out[name] = "decomposed"
+            out[use.name] = "decomposed"
+        elif use.functions and all(function in whole for function in use.functions) and not use.backward:
+            out[use.name] = "lowered"
         else:
-            out[name] = "missing"
+            out[use.name] = "missing"
     return out

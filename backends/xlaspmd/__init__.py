@@ -56,16 +56,32 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
 
         return {name: "host" if status == "fallback" else status for name, status in support(list(census.ops)).items()}
 
-    def construct_findings(self, census: Census) -> list[Finding]:
-        """The step is one XLA graph (torch_xla.compile, --xla-mode lazy, the default): a value or a shape the host
-        must know inside it stops it (executable.host_values_named says so at the first step)."""
+    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
+        """``--xla-mode lazy`` (the default) compiles the step as one XLA graph (torch_xla.compile): a value or a
+        shape the host must know inside it stops it (executable.host_values_named says so at the first step).
+        ``--xla-mode openxla`` runs Dynamo, which breaks the graph there instead."""
+        if options.get("xla_mode") == "openxla":
+            why = "Dynamo breaks the graph there (--xla-mode openxla), and the step runs as several XLA graphs"
+            found = [Finding("slow", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`): "
+                             + why) for use in census.host_values()]
+            return found + [Finding("slow", use.name, use.at, "gives a shape that depends on the values: " + why)
+                            for use in census.data_dependent()]
         why = ("torch_xla compiles the step as one graph (--xla-mode lazy), which cannot stop for it: the step "
-               "fails; write it with fixed shapes (masks, torch.where, a weighted loss) or run it on eager or "
-               "inductor")
+               "fails; write it with fixed shapes (masks, torch.where, a weighted loss), use --xla-mode openxla, or "
+               "run it on eager or inductor")
         found = [Finding("fails", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`); "
                          + why) for use in census.host_values()]
         found += [Finding("fails", use.name, use.at, "gives a shape that depends on the values; " + why)
                   for use in census.data_dependent()]
+        from .ops import support
+
+        # measured: a forward operator torch_xla runs on the CPU (torch.fft on complex tensors) stops the one-graph
+        # step ("Unexpected execution happens inside the compiled function"); a backward one (cdist's) runs
+        forward = [name for name, use in census.ops.items() if use.forward]
+        found += [Finding("fails", name, census.ops[name].at, "torch_xla has no XLA kernel for it and runs it on "
+                          "the CPU, which the one-graph step (--xla-mode lazy) cannot stop for: the step fails; write "
+                          "it with other operators, or run it on eager, inductor or jax")
+                  for name, status in support(forward).items() if status == "fallback"]
         return found
 
     def device_reason(self, device: str) -> str | None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..contract import registry
+from ..contract import Backend, registry
 from ..contract.checks import OPERATOR_SEVERITY, SEVERITIES, Finding, StepChecks
 from ..errors import ConfigError
 from ..ir.program import Program
 from .record import CheckRecord, TargetCheck
+
+if TYPE_CHECKING:
+    from ..torch.op_census import Census
 
 VERDICTS = {"fails": "fails", "differs": "differs", "slow": "runs-slow", "note": "runs", None: "runs"}
 _OPERATOR_WHY = {
@@ -34,7 +38,7 @@ def default_targets() -> list[str]:
     return [row["target"] for row in registry.describe() if row["available"]]
 
 
-def _backend(target: str) -> tuple[str, object | str]:
+def _backend(target: str) -> tuple[str, Backend | str]:
     """The canonical target and its backend, or why there is none. A target this machine cannot run (jax-tpu on a
     CPU) is still checked: the stack's tables are the same; its packages must be installed."""
     parsed = registry.parse_target(target)
@@ -62,6 +66,30 @@ def _common(program: Program, backend_name: str, draws: list[dict]) -> list[Find
                                  "numbers differ from eager's and parity fails; --rng portable draws the same bits "
                                  "on every stack"))
     return found
+
+
+def target_findings(program: Program, target: str, backend: Backend, found: Census,
+                    options: dict[str, str]) -> tuple[list[Finding], dict[str, int]]:
+    """Every finding for ``target`` (its ``backend`` and the backend's resolved ``options``), worst first: the
+    stack's answer for each operator and construct (:class:`StepChecks`), then what holds on every stack; and how
+    many operators got each answer."""
+    backend_name = target.rpartition("-")[0]
+    findings: list[Finding] = []
+    counts: dict[str, int] = {}
+    if isinstance(backend, StepChecks):
+        support = backend.operator_support(found)
+        counts = dict(Counter(support.values()))
+        for name, status in support.items():
+            severity = OPERATOR_SEVERITY[status]
+            if severity is not None:
+                findings.append(Finding(severity, name, found.ops[name].at,
+                                        _OPERATOR_WHY[status].format(target=target)))
+        findings += backend.construct_findings(found, options)
+    else:
+        findings.append(Finding("note", "operators", "-", f"backend {backend_name!r} does not say how it carries "
+                                "operators (no StepChecks)"))
+    findings += _common(program, backend_name, found.draws)
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity)), counts
 
 
 def _verdict(target: str, findings: list[Finding]) -> tuple[str, str]:
@@ -93,23 +121,7 @@ def check(program: Program, options: CheckOptions) -> CheckRecord:
         if isinstance(backend, str):
             rows.append(TargetCheck(target, "fails", f"will not run: {backend}", {}))
             continue
-        backend_name = target.rpartition("-")[0]
-        findings: list[Finding] = []
-        counts: dict[str, int] = {}
-        if isinstance(backend, StepChecks):
-            support = backend.operator_support(found)
-            counts = dict(Counter(support.values()))
-            for name, status in support.items():
-                severity = OPERATOR_SEVERITY[status]
-                if severity is not None:
-                    findings.append(Finding(severity, name, found.ops[name].at,
-                                            _OPERATOR_WHY[status].format(target=target)))
-            findings += backend.construct_findings(found)
-        else:
-            findings.append(Finding("note", "operators", "-", f"backend {backend_name!r} does not say how it carries "
-                                    "operators (no StepChecks)"))
-        findings += _common(program, backend_name, found.draws)
-        findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+        findings, counts = target_findings(program, target, backend, found, backend.resolve_options({}, target))
         verdict, summary = _verdict(target, findings)
         rows.append(TargetCheck(target, verdict, summary, counts, findings))
     plan_json = the_plan.to_json()

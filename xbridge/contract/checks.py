@@ -46,7 +46,9 @@ class StepChecks(ABC):
         operators it computes), ``kernel`` (torch's own kernel, called from the compiled code), ``host`` (copied to
         the host and back at every call) or ``missing`` (the step fails)."""
 
-    def construct_findings(self, census: Census) -> list[Finding]:
+    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
         """What the stack does with the step's constructs: reads of a value on the host, data-dependent shapes, a
-        user's autograd Functions. Default: nothing to say."""
+        user's autograd Functions, under the backend's ``options`` (defaults filled in: ``resolve_options``).
+        Default: nothing to say. A ``fails`` finding is one the stack is known to fail on: ``xbridge run`` (and so
+        ``parity``) refuses the program with it before anything is compiled."""
         return []

@@ -56,6 +56,9 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     from ..torch.loss_check import check_loss
 
     calls = check_loss(program)   # before any compile
+    from ..check.before_run import refuse_what_fails
+
+    refuse_what_fails(program, target, backend, backend_options)
     backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xbridge.ir.program import Program
 
-__all__ = ["Census", "OpUse", "census", "op_name"]
+__all__ = ["Census", "OpUse", "census", "function_name", "op_name"]
 
 # Operators whose result is a host value (the step waits for the device, and a traced step cannot have it).
 HOST_VALUE_OPS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero")
@@ -44,6 +45,14 @@ def op_name(func: Any) -> str:
     return str(func.name())
 
 
+def function_name(func: Any) -> str:
+    """``torch.nn.functional.interpolate``, ``TensorBase.__getitem__``: a torch function's module and qualified name,
+    the same for the census and for a stack's table of functions it lowers whole."""
+    module = getattr(func, "__module__", None)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    return f"{module}.{name}" if module else str(name)
+
+
 @dataclass
 class OpUse:
     """One operator: how often the step calls it, in forward and backward, and where it is called first."""
@@ -53,6 +62,9 @@ class OpUse:
     backward: int = 0
     module: str = ""          # the innermost module running when it was first called ("(backward)": autograd's)
     where: str = ""           # file:line of the program's own code that called it first ("" when none is known)
+    functions: list[str] = dataclasses.field(default_factory=list)   # the outermost torch function of each forward
+                              # call (function_name; "" for none): a stack that lowers such a function whole never
+                              # sees the operator
 
     @property
     def at(self) -> str:
@@ -95,10 +107,27 @@ def _caller() -> str:
     return ""
 
 
+class _Outermost(TorchFunctionMode):
+    """The torch function (``torch.cdist``, ``Tensor.__getitem__``, ``F.interpolate``) the program called, while it
+    runs: torch disables the mode inside its handler, so the functions it calls in turn are not seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = ""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        outer, self.current = self.current, function_name(func)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.current = outer
+
+
 class _Ops(TorchDispatchMode):
-    def __init__(self, where: list[str]) -> None:
+    def __init__(self, where: list[str], outermost: _Outermost) -> None:
         super().__init__()
         self.where = where
+        self.outermost = outermost
         self.ops: dict[str, OpUse] = {}
         self.masks: dict[str, OpUse] = {}        # indexing with a boolean mask: a data-dependent shape
         self.backward = False
@@ -112,6 +141,8 @@ class _Ops(TorchDispatchMode):
             use.backward += 1
         else:
             use.forward += 1
+            if self.outermost.current not in use.functions:
+                use.functions.append(self.outermost.current)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = op_name(func)
@@ -146,7 +177,7 @@ def _functions(loss: torch.Tensor) -> list[dict[str, str]]:
     return out
 
 
-def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor], backward: bool,
          ) -> tuple[_Ops, list[dict[str, str]], list[str], list[dict[str, Any]]]:
     from .portable_rng import draw_recorder
     from .train import loss_parts, per_item
@@ -162,16 +193,17 @@ def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor
         handles.append(module.register_forward_pre_hook(lambda m, a, name=name: where.append(name or "(model)")))
         handles.append(module.register_forward_hook(leave))
     versions = {key: value._version for key, value in batch.items()}
-    recorder, draws = _Ops(where), draw_recorder(where)
+    outermost = _Outermost()
+    recorder, draws = _Ops(where, outermost), draw_recorder(where)
     try:
-        with draws, recorder:
+        with draws, outermost, recorder:
             value, count = loss_parts(program.loss(model, batch), program)
             loss = value if count is None else per_item(value, count)
         mutated = [key for key, value in batch.items() if value._version != versions[key]]
         functions = _functions(loss) if loss.requires_grad else []
         recorder.backward = True
         with recorder:
-            if loss.requires_grad:
+            if loss.requires_grad and backward:
                 loss.backward()
     finally:
         for handle in handles:
@@ -181,9 +213,11 @@ def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor
     return recorder, functions, mutated, found
 
 
-def census(program: Program, batch: dict[str, np.ndarray]) -> Census:
+def census(program: Program, batch: dict[str, np.ndarray], backward: bool = True) -> Census:
     """One forward and backward of ``program``'s loss on ``batch``: on the meta device, or on the CPU when the meta
-    device cannot run it."""
+    device cannot run it. ``backward=False``: the forward alone. A process that goes on to train on torch_xla must
+    not run a backward first: torch's autograd engine sizes its device queues at its first backward, before
+    torch_xla's devices exist, and a later XLA backward then fails an internal assert."""
     from xbridge.weights import initial_weights, meta_model
 
     from .train import batch_to_torch, build_model
@@ -191,13 +225,13 @@ def census(program: Program, batch: dict[str, np.ndarray]) -> Census:
     failure = None
     try:
         meta = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta") for k, v in batch.items()}
-        ops, functions, mutated, draws = _run(program, meta_model(program), meta)
+        ops, functions, mutated, draws = _run(program, meta_model(program), meta, backward)
         device = "meta"
     except Exception as exc:    # an operator that needs values: once more, on the CPU
         failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         model = build_model(program, initial_weights(program), torch.device("cpu"))
         tensors = batch_to_torch(batch, torch.device("cpu"), program.precision)
-        ops, functions, mutated, draws = _run(program, model, tensors)
+        ops, functions, mutated, draws = _run(program, model, tensors, backward)
         device = "cpu"
     return Census(device, failure, ops.ops, functions, draws, mutated, ops.masks)
 

@@ -1,0 +1,40 @@
+"""``xbridge run`` asks ``check``'s question first, for its own target: a program with a construct its stack is known
+to fail on (``fails``: a value read on the host inside a step JAX traces, a data-dependent shape in torch_xla's one
+graph, an operator the stack has no lowering for, a random draw ``--rng portable`` cannot carry) is refused with one
+line before anything is compiled. ``parity`` runs every target through ``run``, so it refuses the same way.
+
+What check says only ``differs`` (a random draw under ``--rng native``: a valid run, with the stack's own numbers)
+is not refused: parity says it before it runs (parity/job.py)."""
+
+from __future__ import annotations
+
+from ..contract import Backend, Target
+from ..contract.checks import StepChecks
+from ..errors import ProgramError
+from ..ir.program import Program
+from .job import target_findings
+
+
+def refuse_what_fails(program: Program, target: Target, backend: Backend, options: dict[str, str]) -> None:
+    """Raise :class:`ProgramError` (exit 2) naming the first ``fails`` finding for ``target``, its module and line,
+    why and what to change; nothing when the backend cannot say (no :class:`StepChecks`) or the step cannot be
+    traced here (the run then reports what its stack says). The forward alone is traced (op_census.census: a
+    backward here would break a later torch_xla step): what fails is in the forward (a host read, a data-dependent
+    shape, an operator JAX has no lowering for, a random draw); the backward's operators are at worst slow."""
+    if not isinstance(backend, StepChecks):
+        return
+    from ..data.source import checked_batch
+    from ..torch.op_census import census
+
+    try:
+        found = census(program, checked_batch(program.data, 0, program.seed), backward=False)
+    except Exception:      # the user's code raises with real values too: the run's own first step says where
+        return
+    findings, _ = target_findings(program, str(target), backend, found, options)
+    failing = [f for f in findings if f.severity == "fails"]
+    if not failing:
+        return
+    first = failing[0]
+    more = f" (and {len(failing) - 1} more: xbridge check lists them)" if len(failing) > 1 else ""
+    raise ProgramError(f"program {program.name!r} cannot run on {target}: {first.what} in {first.where}{more}: "
+                       f"{first.why}")
