@@ -3,6 +3,8 @@ naming its file and line on the stacks that compile the step as one static graph
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers import FIXTURES, error_line, run_cli
@@ -44,3 +46,30 @@ def test_an_operator_torch_xla_runs_on_the_cpu_is_named():
     line = error_line(proc)
     assert "program 'complex-fft' cannot run on xla-cpu: aten::_fft_c2c in (model) (" in line, line
     assert "bad_programs.py:70)" in line and "torch_xla has no XLA kernel for it and runs it on the CPU" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.parametrize("name,rng,noisy", [
+    ("vit", "portable", "blocks.0.attn.qkv.bias"),     # timm's DropPath (an in-place bernoulli_) and dropout
+    ("unet", "portable", "to_k.bias"),                 # DDPM: the noise and the timesteps drawn inside the loss
+    ("lstm", "native", None),                          # nn.LSTM, tied decoder, gradient clipping
+    ("gru", "native", None),
+])
+def test_a_family_passes_parity_on_every_target(tmp_path, name, rng, noisy):
+    """Unmodified timm and diffusers models (random init, small configs) and torch's recurrent layers train alike
+    on every CPU target. The ViT's and the UNet's attention key biases have no true gradient (softmax ignores a
+    constant added to every key): they are judged against eager's own noise, named in the row; every other tensor
+    keeps its limit."""
+    proc = run_cli("parity", f"{FIXTURES / 'families.py'}:{name}", "--backends", "inductor-cpu,jax-cpu,xla-cpu",
+                   "--steps", "5", "--rng", rng, "--jobs", "2", "--format", "json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    assert record["rng"] == rng and record["random_draws"] == [] and record["passed"]
+    assert [row["target"] for row in record["targets"]] == ["inductor-cpu", "jax-cpu", "xla-cpu"]
+    for row in record["targets"]:
+        assert row["verdict"] == "pass" and row["max_loss_dev"] <= 1e-5, row
+        if noisy is None:
+            assert row["max_param_dev"] <= row["param_limit"] == 1e-4 and not row.get("max_param_dev_note"), row
+        elif row["max_param_dev"] > 1e-4:      # only a tensor with no true gradient may pass above the plain limit
+            assert noisy in row["max_param_dev_at"] and "true gradient ~0: key bias" in row["max_param_dev_note"], row
