@@ -61,6 +61,8 @@ def test_xla_cpu_says_it_has_no_persistent_cache(tmp_path):
     second = _run("mlp.py", "xla-cpu", tmp_path, "2")
     assert first["state"] == second["state"] == "cold" and second["misses"] == first["misses"] > 0
     assert "cannot reload" in second["caches"] and second["seconds"]["XLA compile"] > 0
+    # the optimizer's state exists before step 0 (xbridge/torch/optimizer_state.py): both steps ran one graph
+    assert first["compiles"]["train step"] == second["compiles"]["train step"] == 1, first
 
 
 def test_cache_command_lists_and_clears(tmp_path):

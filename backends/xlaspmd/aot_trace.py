@@ -8,9 +8,10 @@ Why a process of its own: torch_xla's CPU runtime reads ``CPU_NUM_DEVICES`` (and
 when it starts, and SPMD spans every device of the process, so N devices need a fresh process; and the TPU compile
 that follows loads libtpu with torch_xla's own ``LIBTPU_INIT_ARGS``, which libtpu also reads once per process.
 
-The steady-state step: the first step creates the optimizer state inside its graph (its module takes the parameters
-only); the second step's graph takes the state as arguments and donates it, which is what every later step runs.
-Both steps run (the trace cannot stop at the compile): on the CPU devices, once each.
+The steady-state step: the graph that takes the optimizer state as arguments and donates it, which is what every
+later step runs. The executable creates the state before step 0 (xbridge/torch/optimizer_state.py), so the first
+step's graph is it; an SGD with dampening still creates its state inside the first step, and the second step's graph
+is the steady one. Both steps run (the trace cannot stop at the compile): on the CPU devices, once each.
 
 Run as ``python -m xbridge.backends.xlaspmd.aot_trace REQUEST RESULT``: REQUEST is a cloudpickle of
 ``{program, plan, mode, which, generation, dump}``, RESULT the JSON written back.

@@ -30,6 +30,7 @@ from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.layer_stacks import StackedParams
+from xbridge.torch.optimizer_state import create_state
 from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 
@@ -87,6 +88,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         self._warm_guard_failures: dict[Any, int] = {}
         self.first_compiles = compile_count()
         self._cache_start = (persistent_cache_hits(), compile_count(), compile_seconds())
+        self._step_compiles = 0         # XLA compilations while a training step ran (the step's graph: one)
 
     def _spec(self, spec: tuple, rank: int) -> tuple:
         return tuple(spec) + (None,) * (rank - len(spec))
@@ -115,8 +117,11 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         # The scanned layers' parameters held stacked: the step's update, clipping and norm do not grow with depth.
         self.stacked = StackedParams.hold(self.model, scanner, self.planned,
                                           lambda tensor, spec: xs.mark_sharding(tensor, self.mesh, spec))
-        # Optimizer state is created by the first step from the (sharded) parameters and inherits their sharding.
         self.train_step = TrainStep(self.program, self.model, self.device, on_device=True, stacked=self.stacked)
+        # The optimizer's state before step 0, sharded like its parameter: step 0 is then step 1's graph (one
+        # compile). An SGD with dampening keeps torch's lazy state: its first step creates it, a second graph.
+        if create_state(self.train_step.optimizer):
+            self._shard_state()
         xm.set_rng_state(training_seed(self.program.seed), self.device)      # the device's own generator
         self._rng_resumed: int | None = None
         if self.mode == "openxla":
@@ -149,8 +154,10 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         if self._rng_resumed is not None:     # set just before the step: any graph run in between moves it
             xm.set_rng_state(self._rng_resumed, self.device)
             self._rng_resumed = None
+        before = compile_count()
         with hints.activate(self._hint), self._attention(), host_values_named(self.program.name):
             loss, norm = self.compiled(tensors)
+        self._step_compiles += compile_count() - before
         # .item() waits for the device
         return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item()), **self.train_step.counted()}
 
@@ -195,12 +202,16 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         self.train_step.import_state(state)
         if "rng/xla" in state:
             self._rng_resumed = int(state["rng/xla"])
+        self._shard_state()
+        torch_xla.sync()
+
+    def _shard_state(self) -> None:
+        """Optimizer state that mirrors a parameter sharded like it, as the first step would have created it."""
         names = {id(p): n for n, p in self.train_step.named_parameters()}
         for param, entries in self.train_step.optimizer.state.items():
             for value in entries.values():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
                     xs.mark_sharding(value, self.mesh, self.stacked.stacks.spec_of(names[id(param)], self.planned))
-        torch_xla.sync()
 
     @contextlib.contextmanager
     def _generator_kept(self) -> Iterator[None]:
@@ -309,7 +320,8 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         caches = ("torch_xla persistent cache" if xr.device_type() != "CPU"
                   else "none: PJRT CPU cannot reload compiled executables")
         return CompileCache(hits, max(compiles - hits, 0), caches,
-                            {"XLA compile": round(compile_seconds() - self._cache_start[2], 3)})
+                            {"XLA compile": round(compile_seconds() - self._cache_start[2], 3)},
+                            {"train step": self._step_compiles, "other": compiles - self._step_compiles})
 
     def mark_warm(self) -> None:
         self.warm_compiles = compile_count()

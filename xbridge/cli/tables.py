@@ -44,6 +44,8 @@ def print_run(result: RunRecord) -> None:
                                                            f"({result.compile_cache['hits']} hits, "
                                                            f"{result.compile_cache['misses']} misses)"
                                                            if result.compile_cache else "")),
+        *([("compilations", ", ".join(f"{name} {count}" for name, count in result.compile_cache["compiles"].items()))]
+          if result.compile_cache and result.compile_cache.get("compiles") else []),
         (f"step time median over {s.timed_steps} steps", _ms(s.step_time_median_s)),
         ("step time p10 / p90", f"{_ms(s.step_time_p10_s)} / {_ms(s.step_time_p90_s)}"),
         ("samples/s", f"{s.samples_per_s:.1f}"),

@@ -22,6 +22,8 @@ class CompileCache:
     misses: int
     caches: str                                 # which caches, in the backend's words
     seconds: dict[str, float] = field(default_factory=dict)   # compile phases as the backend times them
+    compiles: dict[str, int] = field(default_factory=dict)    # compilations by program, where the backend counts
+                                                              # them ("train step": 1 is one graph for every step)
 
     @property
     def state(self) -> str:
@@ -34,7 +36,7 @@ class CompileCache:
 
     def to_json(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "state": self.state, "caches": self.caches,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "compiles": self.compiles}
 
 
 def on_host(batch: Any) -> bool:
