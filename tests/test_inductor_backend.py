@@ -178,3 +178,32 @@ def test_many_runs_in_one_process_stay_compiled():
     program = load_program(f"{ROOT / 'tests' / 'fixtures' / 'scanned_gpt.py'}:unrolled_6")
     losses = [[s.loss for s in run(program, "inductor-cpu", RunOptions(steps=2, warmup=1)).steps] for _ in range(10)]
     assert all(run_losses == losses[0] for run_losses in losses), losses
+
+
+def test_the_cpu_probes_answer_once_per_machine(tmp_path, monkeypatch):
+    """Inductor's AVX-512-bf16 and AMX probes run whatever cpp.vec_isa_ok says (a `python -c "import torch"` each,
+    about 2 s, in every process): their answers are kept on disk, keyed by the probe, the CPU, the compiler and
+    torch (backends/inductor/patches.py)."""
+    from torch._inductor import cpu_vec_isa
+
+    from xbridge.backends.inductor import patches
+
+    calls = []
+
+    def probe(isa, code):
+        calls.append((str(isa), code))
+        return code == "builds"
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", probe)
+    try:
+        patches.remember_isa_probes(tmp_path / "isa_probes")
+        isa = cpu_vec_isa.VecAVX512()
+        assert isa.check_build("builds") is True and isa.check_build("builds") is True
+        assert isa.check_build("fails") is False and isa.check_build("fails") is False
+        assert calls == [("avx512", "builds"), ("avx512", "fails")]
+        assert len(list((tmp_path / "isa_probes").glob("*.json"))) == 2
+        assert cpu_vec_isa.VecAVX2().check_build("builds") is True      # other flags: its own probe
+        assert len(calls) == 3
+    finally:
+        patches.undo()
+    assert cpu_vec_isa.VecISA.check_build is probe

@@ -29,10 +29,11 @@ OVERRIDES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "jax": "JAX_COMPILATION_CACH
 # What each framework writes in its cache folder, by entry name at the folder's top: Inductor's generated code in
 # two-character buckets and its named subfolders (torch/_inductor/codecache.py, _functorch/_aot_autograd/
 # autograd_cache.py); JAX's persistent cache entries KEY-cache and KEY-atime (jax/_src/lru_cache.py); torch_xla's
-# entries are named by their hash.
+# entries are named by their hash. isa_probes: xbridge's own record of Inductor's CPU probes (backends/inductor/
+# patches.py), beside the code they describe.
 WRITTEN = {
     "inductor": re.compile(r"[a-z0-9]{2}|aotautograd|fxgraph|locks|cache|gcc|precompiled_headers|torch_cutlass|"
-                           r"aoti_eager|dynamo|triton"),
+                           r"aoti_eager|dynamo|triton|isa_probes"),
     "jax": re.compile(r".+-(cache|atime)"),
     "torch_xla": re.compile(r"-?(0x)?[0-9a-fA-F]+"),
 }

@@ -91,6 +91,8 @@ class InductorBackend(TorchDeviceBackend, StepChecks):
         if inductor_config.cpp.vec_isa_ok is None:
             patches.skip_vec_isa_probe()
             os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+        # and the probes that setting does not skip (AVX-512 bf16, AMX) answer once per machine
+        patches.remember_isa_probes(cache_dir("inductor") / "isa_probes")
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             os.environ["TORCH_COMPILE_DEBUG"] = "1"

@@ -10,6 +10,12 @@ rule, holds the version guard and the torch patch every torch stack shares). :fu
   process); with ``--dump``, Inductor's debug trace on, its FX graph and AOTAutograd caches off (a cache hit skips
   code generation, and with it the dump) and Dynamo's debug folder under the dump. Kept for the rest of the process
   (every later compile reads them); :func:`undo` puts the values that were there back.
+- ``torch._inductor.cpu_vec_isa.VecISA.check_build`` (private), by :func:`remember_isa_probes` from ``configure()``:
+  its answer kept on disk. ``cpp.vec_isa_ok`` does not skip the probes of AVX-512 with bf16 and of AMX (their
+  ``__bool__`` builds and runs one each, whatever it says), so every process on such a CPU paid a ``python -c
+  "import torch ..."`` per probe (1.7-2.0 s for one on an AMD EPYC with avx512_bf16; three on Intel's AMX CPUs).
+  The answer depends on the probe's code and flags, the CPU's flags, the compiler and torch: keyed by those, under
+  xbridge's inductor cache folder (``isa_probes/``), so the probe runs once per machine. Undone by :func:`undo`.
 - ``torch.amp.GradScaler._unscale_grads_`` (private) overridden by :class:`ShardedGradScaler`, the loss scaler of
   inductor's distributed ranks (fp16-mixed over DTensor gradients). A subclass: torch's class is not changed, and
   there is nothing to undo; its pin is checked by :func:`apply` and by each scaler made.
@@ -17,6 +23,11 @@ rule, holds the version guard and the torch patch every torch stack shares). :fu
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +38,9 @@ from xbridge.torch.patches import Patch, PatchSet
 
 COMPILER_SETTINGS = Patch("torch._inductor/_functorch/_dynamo config (vector ISA probe, --dump's trace)", "torch",
                           shared.TORCH)
+ISA_PROBES = Patch("torch._inductor.cpu_vec_isa.VecISA.check_build (answers kept on disk)", "torch", shared.TORCH)
 GRAD_SCALER = Patch("torch.amp.GradScaler._unscale_grads_ (ShardedGradScaler)", "torch", shared.TORCH)
-_PATCHES = PatchSet(COMPILER_SETTINGS, GRAD_SCALER)
+_PATCHES = PatchSet(COMPILER_SETTINGS, ISA_PROBES, GRAD_SCALER)
 
 
 def skip_vec_isa_probe() -> None:
@@ -37,6 +49,50 @@ def skip_vec_isa_probe() -> None:
     import torch._inductor.config as inductor_config
 
     _PATCHES.set(inductor_config.cpp, "vec_isa_ok", True)
+
+
+def remember_isa_probes(folder: Path) -> None:
+    """``VecISA.check_build`` answers from ``folder`` when it has answered the same probe on this machine."""
+    shared.check(ISA_PROBES)
+    from torch._inductor import cpu_vec_isa
+
+    probe = _PATCHES.original(cpu_vec_isa.VecISA, "check_build")
+    machine = _machine()
+
+    def check_build(isa: Any, code: str) -> bool:
+        key = hashlib.sha256("\0".join((code, isa._arch_flags, machine)).encode()).hexdigest()[:32]
+        path = folder / f"{key}.json"
+        try:
+            return bool(json.loads(path.read_text())["builds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        builds = bool(probe(isa, code))
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        scratch.write_text(json.dumps({"builds": builds, "isa": str(isa), "flags": isa._arch_flags}))
+        os.replace(scratch, path)        # atomic: a process reading it sees all of it or nothing
+        return builds
+
+    _PATCHES.set(cpu_vec_isa.VecISA, "check_build", check_build)
+
+
+def _machine() -> str:
+    """What a probe's answer depends on besides its code: the CPU's flags, the C++ compiler (its path, size and
+    time) and torch's version."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                   platform.processor())
+    except OSError:
+        cpu = platform.processor()
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    try:
+        status = os.stat(compiler)
+        compiler += f" {status.st_size} {status.st_mtime_ns}"
+    except OSError:
+        pass
+    return "\0".join((platform.machine(), cpu, compiler, torch.__version__))
 
 
 def debug_trace(dump: Path) -> None:

@@ -48,6 +48,11 @@ def main() -> None:
         store = dist.TCPStore("127.0.0.1", setup["port"], setup["world"], is_master=False, timeout=timeout)
         dist.init_process_group(process_group_backend(setup["device"]), store=store, rank=rank,
                                 world_size=setup["world"], timeout=timeout)
+        from xbridge.cache import cache_dir
+
+        from .patches import remember_isa_probes
+
+        remember_isa_probes(cache_dir("inductor") / "isa_probes")     # as rank 0's configure() did
         engine = RankEngine(with_rng(program), setup["plan"], device_for(setup["device"], rank), setup["mode"])
         conn.send(("ok", None))   # setup
     except BaseException as exc:
