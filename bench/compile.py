@@ -24,6 +24,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from machine import cpu, describe  # noqa: E402
 
 
 def one_run(program: str, target: str, cache: Path) -> dict:
@@ -53,13 +55,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "compile"))
     args = parser.parse_args()
     rows = []
+    print(f"on {cpu()}, {os.cpu_count()} cores", flush=True)
     print(f"{'program':<8}{'target':<14}{'run':<6}{'first step s':>13}{'step s':>8}{'overhead s':>11}"
           f"{'wall s':>8}{'cache':>9}{'hits':>6}{'misses':>7}{'cache MiB':>10}", flush=True)
     for program in [p.strip() for p in args.programs.split(",") if p.strip()]:
         for target in [t.strip() for t in args.backends.split(",") if t.strip()]:
             with tempfile.TemporaryDirectory(prefix="xbridge-bench-compile-") as folder:
                 for run in ("cold", "warm"):
-                    row = {"program": program, "target": target, "run": run, **one_run(program, target, Path(folder))}
+                    row = {"program": program, "target": target, "run": run, "cpu": cpu(),
+                           **one_run(program, target, Path(folder))}
                     rows.append(row)
                     if "error" in row:
                         print(f"{program:<8}{target:<14}{run:<6} error: {row['error']}", flush=True)
@@ -71,7 +75,7 @@ def main() -> None:
                           f"{row['cache_bytes'] / 2 ** 20:>10.1f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
+    machine = describe()
     (out / "compile.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     print(f"wrote {out / 'compile.json'}")
 

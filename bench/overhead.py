@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import cpu, describe  # noqa: E402
 
 
 def median_interval(ratios: np.ndarray, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -125,6 +127,7 @@ def main() -> None:
                                                  f"{row['max_loss_dev_at']}"], "measured": row}
         rows.append(row)
 
+    print(f"on {cpu()}, {os.cpu_count()} cores")
     print(f"{'backend':8s} {'xbridge ms':>11s} {'native ms':>10s} {'ratio (median)':>15s} {'95% CI':>14s} "
           f"{'rounds':>7s} {'resolved':>9s} {'loss dev':>9s}")
     for r in rows:
@@ -137,7 +140,7 @@ def main() -> None:
               f"{r['max_loss_dev']:9.1e}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"program": args.program, "rows": rows, "machine": {"cpu_count": os.cpu_count()}}
+    record = {"program": args.program, "rows": rows, "machine": describe()}
     (out / "overhead.json").write_text(json.dumps(record, indent=2))
     ok = [r for r in rows if "error" not in r]
     if ok:
