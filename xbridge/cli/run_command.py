@@ -34,6 +34,9 @@ def run(
     devices: int = typer.Option(1, help="Devices the mesh spans (with --processes: devices per process)."),
     mesh: str | None = MESH,
     processes: str | None = PROCESSES,
+    max_restarts: int = typer.Option(0, "--max-restarts", help="With --processes P: when a process dies, start "
+                                                               "every process again from the newest checkpoint "
+                                                               "in --checkpoint-dir, at most N times."),
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
     dump: Path | None = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     save_state: Path | None = typer.Option(None, help="Write the final parameters and buffers (eager names) to "
@@ -83,6 +86,11 @@ def run(
         except BaseException:
             job.joining(False)
             raise
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if max_restarts and not job.must_start(spread) and job.environment_job() is None:
+        raise ConfigError("--max-restarts restarts the processes xbridge starts here: give --processes P (P >= 2) "
+                          "with a jax target; a cluster's own launcher restarts the processes it starts")
     if keep is not None and checkpoint_dir is None:
         raise ConfigError("--keep needs --checkpoint-dir DIR (the checkpoints it keeps are written there)")
     if allow_config_change and resume is None:
@@ -108,7 +116,7 @@ def run(
             check_file_writable(path, flag)
     if job.must_start(spread):       # checked above; now the processes, each running this same command
         assert isinstance(spread, int)
-        raise typer.Exit(job.start(spread, COMMAND_LINE))
+        raise typer.Exit(job.start(spread, COMMAND_LINE, max_restarts, checkpoint_dir))
     from ..data.source import tokens_per_example
 
     tokens = prog.data.batch_size * tokens_per_example(prog.data)

@@ -33,9 +33,10 @@ from .job import (
     this_process,
     wait_for_address,
 )
+from .restarts import earlier_steps, log_step, restarts
 from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start
 
 __all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "JOIN_TIMEOUT", "TIMEOUT",
-           "after_lost_peer", "beat", "beating", "describe_exit", "die_with_parent", "environment_job",
-           "follower_outputs", "free_port", "is_joining", "join_timeout_s", "joined", "joining", "must_start",
-           "parse", "start", "this_process", "timeout_s", "wait_for_address"]
+           "after_lost_peer", "beat", "beating", "describe_exit", "die_with_parent", "earlier_steps", "environment_job",
+           "follower_outputs", "free_port", "is_joining", "join_timeout_s", "joined", "joining", "log_step",
+           "must_start", "parse", "restarts", "start", "this_process", "timeout_s", "wait_for_address"]

@@ -5,7 +5,9 @@ waits to be stopped, so that the one line the user reads names the process that 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
 from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
+from .restarts import RESTARTS, STEPS, logged_steps
 
 GRACE_S = 5.0      # after one process fails, how long the others get to end on their own before they are killed
 
@@ -40,13 +43,66 @@ def last_error(log: Path) -> str | None:
     return lines[-1] if lines else None
 
 
-def start(count: int, argv: list[str]) -> int:
+def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Path | None = None) -> int:
     """Start ``count`` processes of ``xbridge argv`` on this machine (coordinator on 127.0.0.1) and wait for them.
     Process 0 prints to this terminal; the others' output goes to log files. When one fails, the rest get
     :data:`GRACE_S` seconds to end on their own (a collective waiting for the dead peer may never return) and are
     then killed. When no process makes progress for :func:`timeout_s` seconds, all are stopped and the one that
     stopped first is named. The exit status: 0; process 0's when it failed (it said why on this terminal);
-    otherwise the failed process's 2 (bad input) or 1, with one line naming it."""
+    otherwise the failed process's 2 (bad input) or 1, with one line naming it.
+
+    ``max_restarts``: a job that fails other than on bad input (exit 2) or Ctrl-C is started again, every process,
+    from the newest committed checkpoint in ``checkpoint_dir`` (from step 0 when there is none), at most that many
+    times (restarts.py: the steps log and the restarts the last attempt's record holds)."""
+    if max_restarts == 0:
+        code, said = _attempt(count, argv, {})
+        if said:
+            print(f"error: {said}", file=sys.stderr)
+        return code
+    from ..checkpoint import locate
+    from ..errors import CheckpointError
+
+    scratch = Path(tempfile.mkdtemp(prefix="xbridge-restarts-"))
+    steps_log = scratch / "steps.jsonl"
+    done: list[dict] = []
+    began, attempt_argv = time.monotonic(), list(argv)
+    try:
+        while True:
+            code, said = _attempt(count, attempt_argv, {STEPS: str(steps_log), RESTARTS: json.dumps(done)})
+            if code in (0, 2, 130) or len(done) >= max_restarts:
+                if said:       # (process 0 says its own failure on this terminal)
+                    tried = f" (after {len(done)} restart(s), the most --max-restarts {max_restarts} allows)" \
+                        if code not in (0, 2, 130) else ""
+                    print(f"error: {said}{tried}", file=sys.stderr)
+                return code
+            newest = None
+            if checkpoint_dir is not None:
+                with contextlib.suppress(CheckpointError):
+                    newest = locate(checkpoint_dir)
+            from_step = int(newest.name.rpartition("-")[2]) if newest is not None else 0
+            finished = [record["step"] for record in logged_steps(str(steps_log))]
+            reached = max(finished) + 1 if finished else 0
+            failed_index, status = _failure(said)
+            done.append({"after_s": round(time.monotonic() - began, 1), "process": failed_index, "status": status,
+                         "message": said or f"process 0 exited with code {code}", "from_step": from_step,
+                         "steps_redone": max(reached - from_step, 0)})
+            where = f"checkpoint {newest}" if newest is not None else "step 0 (no checkpoint yet)"
+            print(f"xbridge: {said or f'process 0 exited with code {code}'}; restarting all {count} processes from "
+                  f"{where} (restart {len(done)} of {max_restarts})", file=sys.stderr)
+            attempt_argv = [*argv, "--resume", str(checkpoint_dir)] if newest is not None else list(argv)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _failure(said: str | None) -> tuple[int | None, str | None]:
+    """The process the one line names and how it ended (``process 1 of 2 was killed by SIGKILL: ...``)."""
+    match = re.match(r"process (\d+) of \d+ (was killed by \w+|exited with code -?\d+|made no progress)", said or "")
+    return (int(match.group(1)), match.group(2)) if match else (0, None)
+
+
+def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[int, str | None]:
+    """One start of the job's processes, waited for: the exit status, and the line that says which failed (None
+    when none did, or process 0 failed and said so itself)."""
     address, limit = f"127.0.0.1:{free_port()}", timeout_s()
     logs = Path(tempfile.mkdtemp(prefix="xbridge-processes-"))
     beats = [logs / f"process{index}.beat" for index in range(count)]
@@ -56,7 +112,7 @@ def start(count: int, argv: list[str]) -> int:
         started = time.time()
         for index in range(count):
             env = dict(os.environ, **{COORDINATOR: address, COUNT: str(count), INDEX: str(index), CHILD: "1",
-                                      HEARTBEAT: str(beats[index])})
+                                      HEARTBEAT: str(beats[index])}, **extra_env)
             with contextlib.ExitStack() as files:
                 out = None if index == 0 else files.enter_context(open(logs / f"process{index}.out", "wb"))
                 err = None if index == 0 else files.enter_context(open(logs / f"process{index}.log", "wb"))
@@ -80,23 +136,21 @@ def start(count: int, argv: list[str]) -> int:
                     _kill(procs)
                     keep_logs = stuck > 0
                     where = f"its log: {logs / f'process{stuck}.log'}" if stuck else "its output is above"
-                    print(f"error: process {stuck} of {count} made no progress for {limit:g} s ({TIMEOUT}; it was "
-                          f"{doing}), and no process has since; every process was stopped ({where})", file=sys.stderr)
-                    return 1
+                    return 1, (f"process {stuck} of {count} made no progress for {limit:g} s ({TIMEOUT}; it was "
+                               f"{doing}), and no process has since; every process was stopped ({where})")
             time.sleep(0.2)
         failed += [i for i, p in enumerate(procs) if p.returncode != 0 and i not in failed]
         if not failed:
-            return 0
+            return 0, None
         if 0 in failed and procs[0].returncode > 0:
-            return procs[0].returncode      # process 0 has said what went wrong on this terminal
+            return procs[0].returncode, None      # process 0 has said what went wrong on this terminal
         index = failed[0]
         code = procs[index].returncode
         said = last_error(logs / f"process{index}.log") if index else None
         keep_logs = index > 0
         where = f"its log: {logs / f'process{index}.log'}" if index else "its output is above"
-        print(f"error: process {index} of {count} {describe_exit(code)}{': ' + said if said else ''} ({where})",
-              file=sys.stderr)
-        return 2 if code == 2 else 1
+        return (2 if code == 2 else 1), (f"process {index} of {count} {describe_exit(code)}"
+                                         f"{': ' + said if said else ''} ({where})")
     except KeyboardInterrupt:
         for p in procs:
             if p.poll() is None:
@@ -105,7 +159,7 @@ def start(count: int, argv: list[str]) -> int:
         for p in procs:                      # on a peer than the progress timeout is killed (finally)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.0, until - time.monotonic()))
-        return 130
+        return 130, None
     finally:
         _kill(procs)
         if not keep_logs:

@@ -191,6 +191,8 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
                         lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
+    earlier = processes.earlier_steps(start)     # a restarted job: the steps before its checkpoint, logged once
+    records = earlier + records
     diag, probe = diagnostics(executable), probes(executable)
     summary.recompiles_after_warmup = diag.recompiles() if warmup else None
     if summary.recompiles_after_warmup:
@@ -205,7 +207,7 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         xbridge=__version__, program=program.name, config=program.config(), config_hash=program.config_hash,
         target=str(target), backend_options=prepared.options, precision=program.precision.name, rng=program.step.rng,
         devices=options.devices, mesh=dict(plan.mesh), param_bytes_per_device=plan.bytes_per_device,
-        versions=versions, machine=machine(), start_step=start,
+        versions=versions, machine=machine(), start_step=records[0].step if records else start,
         resumed_from=str(resumed.path) if resumed else None,
         config_changes=checkpoint.config_changes(resumed.manifest, program) if resumed else [],
         checkpoints=saved, steps=records, summary=summary, dumped=dumped,
@@ -215,4 +217,4 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
         compile_cache=cache.to_json() if (cache := diag.compile_cache()) is not None else None,
         data=data_info(program), evals=evaluator.records if evaluator else [], provenance=provenance(program),
         profile=summarise(traced[1], traced[0]) if traced else None,
-        processes=options.processes if isinstance(options.processes, int) else 1)
+        processes=options.processes if isinstance(options.processes, int) else 1, restarts=processes.restarts())

@@ -109,6 +109,7 @@ class RunRecord:
     provenance: dict[str, Any] = field(default_factory=dict)   # command line, program file, its git commit/dirty
     profile: dict[str, Any] | None = None     # --profile: the trace files and their summary (xbridge/run/profile.py)
     processes: int = 1        # --processes: how many processes the devices were spread over (devices: all of them)
+    restarts: list[dict[str, Any]] = field(default_factory=list)    # --max-restarts: each restart of the job
     record_version: int = RECORD_VERSION
 
     @property

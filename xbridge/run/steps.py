@@ -81,6 +81,7 @@ def train(program: Program, prepared: Prepared, steps: int, warmup: int, progres
             if not math.isfinite(record.loss):
                 raise RunError(nonfinite_message(prepared, record.loss, step, last_good()))
             records.append(record)
+            processes.log_step(record)      # --max-restarts: the supervisor's log of finished steps
             if progress is not None:
                 progress(step, record)
             if after_step is not None:
