@@ -1,0 +1,63 @@
+"""Jobs across hosts, simulated on this machine (tests/simulated_hosts.py: a network namespace per host, its own
+address): 2 hosts x 2 JAX processes x 2 devices started as a cluster starts them (the same command on every host,
+the coordinator's address, the count and the index in the environment: ``--processes cluster``), one 8-device mesh
+matching one process of 8 devices within the fp32 policy; its sharded checkpoint, written by both hosts into one
+folder, resumed on one host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import PROGRAMS, ROOT, run_cli, user_env
+from simulated_hosts import hosts
+from xbridge.parity import policy
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli]
+GPT = str(PROGRAMS / "gpt.py")
+
+
+def _across_hosts(per_host: int, args: list[str]) -> dict:
+    """The same ``xbridge run ARGS --processes cluster`` on every process of 2 hosts; process 0's record."""
+    with hosts(2) as machines:
+        count = per_host * len(machines)
+        coordinator = f"{machines[0].address}:12421"
+        procs = []
+        for index in range(count):
+            env = {**user_env(), "JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": str(count),
+                   "JAX_PROCESS_ID": str(index), "XBRIDGE_DEBUG": "0"}
+            argv = [sys.executable, "-m", "xbridge", "run", *args, "--processes", "cluster", "--format", "json"]
+            procs.append(subprocess.Popen(machines[index // per_host].command(argv, env), cwd=ROOT, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outputs = [proc.communicate(timeout=600) for proc in procs]
+    for index, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"process {index}: {err[-3000:]}"
+    return json.loads(outputs[0][0])
+
+
+@pytest.mark.parametrize("mode", ["gspmd", "shard_map"])
+def test_two_hosts_of_two_processes_match_one_process(tmp_path, mode):
+    common = [GPT, "--backend", "jax-cpu", "--sharding-mode", mode, "--mesh", "data=-1,model=2"]
+    ckpt = tmp_path / "ckpt"
+    record = _across_hosts(2, [*common, "--devices", "2", "--steps", "3", "--checkpoint-dir", str(ckpt)])
+    assert record["processes"] == 4 and record["devices"] == 8 and record["mesh"] == {"data": 4, "model": 2}
+    one = run_cli("run", *common, "--devices", "8", "--steps", "4", "--format", "json")
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = [s["loss"] for s in json.loads(one.stdout)["steps"]]
+    tol = policy.tolerance("fp32")
+    losses = policy.loss_deviation(single[:3], [s["loss"] for s in record["steps"]], tol)
+    assert losses.ok, losses
+    if mode == "shard_map":
+        return
+    # the checkpoint both hosts wrote into one folder, resumed on one host (1 process, 2 devices): its step 3 is
+    # the 8-device run's
+    (written,) = record["checkpoints"]
+    assert written.endswith("step-00000003") and (ckpt / "step-00000003" / "COMMIT").exists()
+    resumed = run_cli("run", *common, "--devices", "2", "--steps", "4", "--resume", str(ckpt), "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = json.loads(resumed.stdout)
+    assert after["start_step"] == 3 and after["resumed_from"] == written
+    assert policy.loss_deviation(single[3:], [s["loss"] for s in after["steps"]], tol).ok, (single, after["steps"])
