@@ -67,8 +67,16 @@ def test_a_function_the_stack_lowers_whole_is_not_looked_up_by_its_operators():
     assert len(losses) == 2 and all(loss == loss for loss in losses)
 
 
-@pytest.mark.parametrize("name,what,line", [("host_read", "aten::_local_scalar_dense", 57),
-                                            ("masked", "boolean mask (aten::index.Tensor)", 79)])
+def test_a_write_through_a_mask_is_no_data_dependent_shape():
+    """``h[h > 4] = 4`` keeps h's shape (torchax: jnp.where): jax runs it, and run does not refuse it."""
+    record = check(f"{FIXTURE}:clamped", "--backends", "jax-cpu")
+    assert verdicts(record) == {"jax-cpu": "runs"}
+    proc = run_cli("run", f"{FIXTURE}:clamped", "--backend", "jax-cpu", "--steps", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name,what,line", [("host_read", "aten::_local_scalar_dense", 67),
+                                            ("masked", "boolean mask (aten::index.Tensor)", 89)])
 def test_a_value_or_a_shape_the_host_must_know(name, what, line):
     """Traced on the CPU (the meta device has no values); jax and xla's one-graph step cannot stop for it, Dynamo
     breaks the graph there. A run says the same (tests/test_jax_backend.py and tests/test_xla_backend.py: their
@@ -91,7 +99,7 @@ def test_the_verdict_is_what_a_run_does():
     line = one_error_line(proc)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert line.startswith("error: program 'host-read' cannot run on jax-cpu: aten::_local_scalar_dense in "), line
-    assert "check_constructs.py:57)" in line and "which JAX traces without values" in line, line
+    assert "check_constructs.py:67)" in line and "which JAX traces without values" in line, line
 
 
 def test_random_draws_under_either_generator():

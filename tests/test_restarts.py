@@ -60,3 +60,27 @@ def test_max_restarts_needs_processes_it_starts():
     proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--steps", "2", "--max-restarts", "1")
     assert proc.returncode == 2
     assert "--max-restarts restarts the processes xbridge starts here: give --processes P" in error_line(proc)
+
+
+@pytest.mark.parametrize("flags", [["--processes", "cluster"], ["--processes", "1"]])
+def test_max_restarts_refused_where_xbridge_starts_no_process(flags):
+    proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--steps", "2", "--max-restarts", "1", *flags)
+    assert proc.returncode == 2
+    assert "a cluster's own launcher restarts the processes it starts" in error_line(proc)
+
+
+def test_a_restart_resumes_in_place_of_what_conflicts_with_a_checkpoint(tmp_path):
+    """The starting weights, the profiled steps and a resume of the command's own give way to the checkpoint; a
+    step record cut short by the kill ends its line."""
+    from xbridge.processes.supervisor import _end_line, _resuming, _value
+
+    argv = ["run", "p.py", "--init-state", "w.npz", "--profile=steps=2:4", "--resume", "old", "--steps", "12"]
+    assert _resuming(argv, tmp_path / "ckpt") == ["run", "p.py", "--steps", "12", "--resume", str(tmp_path / "ckpt")]
+    assert _value(argv, "--resume") == "old" and _value(["--resume=a", "--resume", "b"], "--resume") == "b"
+    log = tmp_path / "steps.jsonl"
+    log.write_text('{"step": 0, "loss": 1.0, "time_s": 1.0}\n{"step": 1, "lo')
+    _end_line(log)
+    log.write_text(log.read_text() + '{"step": 1, "loss": 2.0, "time_s": 1.0}\n')
+    from xbridge.processes.restarts import logged_steps
+
+    assert [(r["step"], r["loss"]) for r in logged_steps(str(log))] == [(0, 1.0), (1, 2.0)]

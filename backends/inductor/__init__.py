@@ -48,7 +48,7 @@ class InductorBackend(TorchDeviceBackend, StepChecks):
                 out[name] = "kernel"
         return out
 
-    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
+    def construct_findings(self, census: Census, program: Program, options: dict[str, str]) -> list[Finding]:
         """Dynamo breaks the graph where a value is read on the host or a shape comes from the data
         (torch._dynamo.config capture_scalar_outputs and capture_dynamic_output_shape_ops are off): the step runs
         as several compiled pieces with Python between them."""

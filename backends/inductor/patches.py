@@ -15,7 +15,8 @@ rule, holds the version guard and the torch patch every torch stack shares). :fu
   ``__bool__`` builds and runs one each, whatever it says), so every process on such a CPU paid a ``python -c
   "import torch ..."`` per probe (1.7-2.0 s for one on an AMD EPYC with avx512_bf16; three on Intel's AMX CPUs).
   The answer depends on the probe's code and flags, the CPU's flags, the compiler and torch: keyed by those, under
-  xbridge's inductor cache folder (``isa_probes/``), so the probe runs once per machine. Undone by :func:`undo`.
+  xbridge's inductor cache folder (``isa_probes/``), so the probe runs once per machine (only an answer "builds":
+  a failed probe may have failed for a passing reason, and runs again). Undone by :func:`undo`.
 - ``torch.amp.GradScaler._unscale_grads_`` (private) overridden by :class:`ShardedGradScaler`, the loss scaler of
   inductor's distributed ranks (fp16-mixed over DTensor gradients). A subclass: torch's class is not changed, and
   there is nothing to undo; its pin is checked by :func:`apply` and by each scaler made.
@@ -23,6 +24,8 @@ rule, holds the version guard and the torch patch every torch stack shares). :fu
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -52,30 +55,37 @@ def skip_vec_isa_probe() -> None:
 
 
 def remember_isa_probes(folder: Path) -> None:
-    """``VecISA.check_build`` answers from ``folder`` when it has answered the same probe on this machine."""
+    """``VecISA.check_build`` answers from ``folder`` when the same probe built and ran on this machine before. Only
+    a probe that builds is kept: a failure may be passing (a full disk, a killed probe) and is probed again."""
     shared.check(ISA_PROBES)
     from torch._inductor import cpu_vec_isa
 
     probe = _PATCHES.original(cpu_vec_isa.VecISA, "check_build")
-    machine = _machine()
 
     def check_build(isa: Any, code: str) -> bool:
-        key = hashlib.sha256("\0".join((code, isa._arch_flags, machine)).encode()).hexdigest()[:32]
+        try:
+            key = hashlib.sha256("\0".join((code, isa._arch_flags, _machine())).encode()).hexdigest()[:32]
+        except Exception:       # no C++ compiler found (torch's probe says so itself), an unreadable /proc
+            return bool(probe(isa, code))
         path = folder / f"{key}.json"
         try:
-            return bool(json.loads(path.read_text())["builds"])
+            if json.loads(path.read_text())["builds"] is True:
+                return True
         except (OSError, ValueError, KeyError, TypeError):
             pass
         builds = bool(probe(isa, code))
-        folder.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        scratch.write_text(json.dumps({"builds": builds, "isa": str(isa), "flags": isa._arch_flags}))
-        os.replace(scratch, path)        # atomic: a process reading it sees all of it or nothing
+        if builds:
+            with contextlib.suppress(OSError):
+                folder.mkdir(parents=True, exist_ok=True)
+                scratch = path.with_name(f".{path.name}.{os.getpid()}")
+                scratch.write_text(json.dumps({"builds": True, "isa": str(isa), "flags": isa._arch_flags}))
+                os.replace(scratch, path)        # atomic: a process reading it sees all of it or nothing
         return builds
 
     _PATCHES.set(cpu_vec_isa.VecISA, "check_build", check_build)
 
 
+@functools.cache
 def _machine() -> str:
     """What a probe's answer depends on besides its code: the CPU's flags, the C++ compiler (its path, size and
     time) and torch's version."""

@@ -40,13 +40,13 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
     def operator_support(self, census: Census) -> dict[str, str]:
         """torchax's tables for what the forward calls; JAX differentiates the forward's JAX functions itself
         (jax.grad), so torch's backward operators never run here (a user's autograd Function aside, whose backward
-        runs as written: its operators are looked up too)."""
+        runs as written: the operators it calls are looked up too)."""
         from .ops import support
 
-        called = [use for use in census.ops.values() if use.forward or census.functions]
+        called = [use for use in census.ops.values() if use.forward or use.in_user_backward]
         return dict.fromkeys(census.ops, "lowered") | support(called)
 
-    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
+    def construct_findings(self, census: Census, program: Program, options: dict[str, str]) -> list[Finding]:
         """JAX traces the whole step with static shapes: a value read on the host or a shape from the data cannot
         be traced (the step fails at its first trace); a user's autograd Function is carried as a custom_vjp."""
         found = [Finding("fails", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`) "

@@ -100,7 +100,7 @@ def support(uses: list[OpUse]) -> dict[str, str]:
             out[use.name] = "lowered"
         elif any(key in decompositions.DECOMPOSITIONS for key in keys):
             out[use.name] = "decomposed"
-        elif use.functions and all(function in whole for function in use.functions) and not use.backward:
+        elif use.functions and all(function in whole for function in use.functions) and not use.in_user_backward:
             out[use.name] = "lowered"
         else:
             out[use.name] = "missing"

@@ -56,12 +56,14 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
 
         return {name: "host" if status == "fallback" else status for name, status in support(list(census.ops)).items()}
 
-    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
-        """``--xla-mode lazy`` (the default) compiles the step as one XLA graph (torch_xla.compile): a value or a
-        shape the host must know inside it stops it (executable.host_values_named says so at the first step).
-        ``--xla-mode openxla`` runs Dynamo, which breaks the graph there instead."""
-        if options.get("xla_mode") == "openxla":
-            why = "Dynamo breaks the graph there (--xla-mode openxla), and the step runs as several XLA graphs"
+    def construct_findings(self, census: Census, program: Program, options: dict[str, str]) -> list[Finding]:
+        """``--xla-mode lazy`` (the default) compiles the step as one XLA graph (``torch_xla.compile(full_graph=
+        True)``): a value or a shape the host must know inside it stops it (executable.host_values_named says so at
+        the first step). ``--xla-mode openxla`` runs Dynamo, which breaks the graph there instead; with fp16's
+        dynamic loss scaling the lazy step is not one graph either (GradScaler reads found_inf on the host)."""
+        if options.get("xla_mode") == "openxla" or program.precision.loss_scale == "dynamic":
+            why = ("the step runs as several XLA graphs there (--xla-mode openxla: Dynamo breaks the graph; fp16's "
+                   "loss scaling: the step is not one graph)")
             found = [Finding("slow", use.name, use.at, "reads a tensor's value on the host (.item(), `if tensor:`): "
                              + why) for use in census.host_values()]
             return found + [Finding("slow", use.name, use.at, "gives a shape that depends on the values: " + why)
@@ -80,7 +82,7 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
         forward = [name for name, use in census.ops.items() if use.forward]
         found += [Finding("fails", name, census.ops[name].at, "torch_xla has no XLA kernel for it and runs it on "
                           "the CPU, which the one-graph step (--xla-mode lazy) cannot stop for: the step fails; write "
-                          "it with other operators, or run it on eager, inductor or jax")
+                          "it with other operators, or run it on eager, inductor or jax", operator=True)
                   for name, status in support(forward).items() if status == "fallback"]
         return found
 

@@ -28,10 +28,13 @@ def refuse_what_fails(program: Program, target: Target, backend: Backend, option
 
     try:
         found = census(program, checked_batch(program.data, 0, program.seed), backward=False)
+        findings, _ = target_findings(program, str(target), backend, found, options)
     except Exception:      # the user's code raises with real values too: the run's own first step says where
         return
-    findings, _ = target_findings(program, str(target), backend, found, options)
-    failing = [f for f in findings if f.severity == "fails"]
+    # Traced on the CPU (the meta device could not run it), torch picks CPU kernels for composite operators
+    # (sdpa's _scaled_dot_product_flash_attention_for_cpu, LSTM's mkldnn_rnn_layer) that no stack receives: what
+    # an operator's kernel decides is left to the stack; the constructs (host reads, shapes, draws) stand.
+    failing = [f for f in findings if f.severity == "fails" and not (f.operator and found.device == "cpu")]
     if not failing:
         return
     first = failing[0]

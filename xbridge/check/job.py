@@ -83,8 +83,8 @@ def target_findings(program: Program, target: str, backend: Backend, found: Cens
             severity = OPERATOR_SEVERITY[status]
             if severity is not None:
                 findings.append(Finding(severity, name, found.ops[name].at,
-                                        _OPERATOR_WHY[status].format(target=target)))
-        findings += backend.construct_findings(found, options)
+                                        _OPERATOR_WHY[status].format(target=target), operator=True))
+        findings += backend.construct_findings(found, program, options)
     else:
         findings.append(Finding("note", "operators", "-", f"backend {backend_name!r} does not say how it carries "
                                 "operators (no StepChecks)"))

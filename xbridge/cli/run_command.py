@@ -4,6 +4,7 @@ processes it starts (each running this same command line)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -88,7 +89,7 @@ def run(
             raise
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if max_restarts and not job.must_start(spread) and job.environment_job() is None:
+    if max_restarts and not job.must_start(spread) and job.CHILD not in os.environ:
         raise ConfigError("--max-restarts restarts the processes xbridge starts here: give --processes P (P >= 2) "
                           "with a jax target; a cluster's own launcher restarts the processes it starts")
     if keep is not None and checkpoint_dir is None:
@@ -116,7 +117,7 @@ def run(
             check_file_writable(path, flag)
     if job.must_start(spread):       # checked above; now the processes, each running this same command
         assert isinstance(spread, int)
-        raise typer.Exit(job.start(spread, COMMAND_LINE, max_restarts, checkpoint_dir))
+        raise typer.Exit(job.start(spread, COMMAND_LINE, max_restarts, checkpoint_dir, steps))
     from ..data.source import tokens_per_example
 
     tokens = prog.data.batch_size * tokens_per_example(prog.data)

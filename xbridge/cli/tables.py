@@ -68,7 +68,10 @@ def print_run(result: RunRecord) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    if result.resumed_from:
+    for restart in result.restarts:
+        console.print(f"restarted after {restart['after_s']} s from step {restart['from_step']} "
+                      f"({restart['steps_redone']} step(s) redone): {escape(restart['message'])}")
+    if result.resumed_from and not result.restarts:
         changed = f" (config changed: {', '.join(result.config_changes)})" if result.config_changes else ""
         console.print(f"resumed from {escape(result.resumed_from)} at step {result.start_step}{changed}")
     if result.checkpoints:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..ir.program import Program
     from ..torch.op_census import Census
 
 # Worst first: a finding's severity decides the target's verdict (xbridge/check/job.py).
@@ -33,6 +34,7 @@ class Finding:
     what: str
     where: str
     why: str
+    operator: bool = False      # about one operator's kernel (not a construct): as the device traced on saw it
 
 
 class StepChecks(ABC):
@@ -46,9 +48,10 @@ class StepChecks(ABC):
         operators it computes), ``kernel`` (torch's own kernel, called from the compiled code), ``host`` (copied to
         the host and back at every call) or ``missing`` (the step fails)."""
 
-    def construct_findings(self, census: Census, options: dict[str, str]) -> list[Finding]:
+    def construct_findings(self, census: Census, program: Program, options: dict[str, str]) -> list[Finding]:
         """What the stack does with the step's constructs: reads of a value on the host, data-dependent shapes, a
-        user's autograd Functions, under the backend's ``options`` (defaults filled in: ``resolve_options``).
+        user's autograd Functions, for ``program`` (its precision, its step options) under the backend's
+        ``options`` (defaults filled in: ``resolve_options``).
         Default: nothing to say. A ``fails`` finding is one the stack is known to fail on: ``xbridge run`` (and so
         ``parity``) refuses the program with it before anything is compiled."""
         return []

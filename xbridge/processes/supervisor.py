@@ -43,7 +43,8 @@ def last_error(log: Path) -> str | None:
     return lines[-1] if lines else None
 
 
-def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Path | None = None) -> int:
+def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Path | None = None,
+          steps: int | None = None) -> int:
     """Start ``count`` processes of ``xbridge argv`` on this machine (coordinator on 127.0.0.1) and wait for them.
     Process 0 prints to this terminal; the others' output goes to log files. When one fails, the rest get
     :data:`GRACE_S` seconds to end on their own (a collective waiting for the dead peer may never return) and are
@@ -52,8 +53,9 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
     otherwise the failed process's 2 (bad input) or 1, with one line naming it.
 
     ``max_restarts``: a job that fails other than on bad input (exit 2) or Ctrl-C is started again, every process,
-    from the newest committed checkpoint in ``checkpoint_dir`` (from step 0 when there is none), at most that many
-    times (restarts.py: the steps log and the restarts the last attempt's record holds)."""
+    from the newest committed checkpoint in ``checkpoint_dir`` (from where the command started when there is none),
+    at most that many times (restarts.py: the steps log and the restarts the last attempt's record holds); not
+    when that checkpoint is of the last of ``steps`` (the training is done: the failure is reported)."""
     if max_restarts == 0:
         code, said = _attempt(count, argv, {})
         if said:
@@ -79,19 +81,72 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
             if checkpoint_dir is not None:
                 with contextlib.suppress(CheckpointError):
                     newest = locate(checkpoint_dir)
-            from_step = int(newest.name.rpartition("-")[2]) if newest is not None else 0
+            own = _value(argv, "--resume")        # the command's own --resume, where no checkpoint is newer
+            start_at = newest
+            if start_at is None and own is not None:
+                with contextlib.suppress(CheckpointError):
+                    start_at = locate(Path(own))
+            from_step = int(start_at.name.rpartition("-")[2]) if start_at is not None else 0
+            if newest is not None and steps is not None and from_step >= steps:
+                print(f"error: {said or f'process 0 exited with code {code}'} (after the checkpoint of the last "
+                      f"step, {newest}: nothing is left to redo)", file=sys.stderr)
+                return code
             finished = [record["step"] for record in logged_steps(str(steps_log))]
             reached = max(finished) + 1 if finished else 0
             failed_index, status = _failure(said)
             done.append({"after_s": round(time.monotonic() - began, 1), "process": failed_index, "status": status,
                          "message": said or f"process 0 exited with code {code}", "from_step": from_step,
                          "steps_redone": max(reached - from_step, 0)})
-            where = f"checkpoint {newest}" if newest is not None else "step 0 (no checkpoint yet)"
+            where = (f"checkpoint {start_at}" if start_at is not None
+                     else "step 0 (no checkpoint yet)")
             print(f"xbridge: {said or f'process 0 exited with code {code}'}; restarting all {count} processes from "
                   f"{where} (restart {len(done)} of {max_restarts})", file=sys.stderr)
-            attempt_argv = [*argv, "--resume", str(checkpoint_dir)] if newest is not None else list(argv)
+            attempt_argv = _resuming(argv, checkpoint_dir) if newest is not None else list(argv)
+            _end_line(steps_log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+# what a restart from a checkpoint replaces: the starting weights, the profiled steps (maybe behind it), a resume
+_NOT_ON_RESTART = ("--init-state", "--profile", "--resume")
+
+
+def _resuming(argv: list[str], checkpoint_dir: Path | None) -> list[str]:
+    """The command with ``--resume DIR`` (its newest checkpoint) in place of what conflicts with it."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _NOT_ON_RESTART:
+            skip = True
+            continue
+        if arg.startswith(tuple(f"{flag}=" for flag in _NOT_ON_RESTART)):
+            continue
+        out.append(arg)
+    return [*out, "--resume", str(checkpoint_dir)]
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    """The last value of ``flag`` in ``argv`` (``--flag V`` or ``--flag=V``), or None."""
+    found = None
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif arg.startswith(f"{flag}="):
+            found = arg.partition("=")[2]
+    return found
+
+
+def _end_line(log: Path) -> None:
+    """A step record cut short by a kill ends its line, so the next attempt's first record starts a line of its own."""
+    with contextlib.suppress(OSError):
+        with open(log, "rb+") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell():
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    handle.write(b"\n")
 
 
 def _failure(said: str | None) -> tuple[int | None, str | None]:

@@ -192,7 +192,9 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
                         lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
     earlier = processes.earlier_steps(start)     # a restarted job: the steps before its checkpoint, logged once
-    records = earlier + records
+    if earlier:
+        records = earlier + records
+        summary.first_loss = records[0].loss     # the timings stay this attempt's
     diag, probe = diagnostics(executable), probes(executable)
     summary.recompiles_after_warmup = diag.recompiles() if warmup else None
     if summary.recompiles_after_warmup:

@@ -56,10 +56,11 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     from ..torch.loss_check import check_loss
 
     calls = check_loss(program)   # before any compile
+    backend.configure(target.device, options.devices, options.dump)
     from ..check.before_run import refuse_what_fails
 
+    # after configure: a stack's tables may load the framework (torch_xla reads its settings once, when it loads)
     refuse_what_fails(program, target, backend, backend_options)
-    backend.configure(target.device, options.devices, options.dump)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
         from ..weights import initial_weights  # the reference builds the weights once

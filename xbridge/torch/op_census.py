@@ -34,7 +34,9 @@ HOST_VALUE_OPS = ("aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero"
 DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::nonzero_static", "aten::_unique2", "aten::unique_dim",
                       "aten::unique_consecutive", "aten::masked_select", "aten::nonzero_numpy",
                       "aten::repeat_interleave.Tensor")
-_INDEXING = ("aten::index.Tensor", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
+# Reading rows by a boolean mask (``x[mask]``) gives as many rows as the mask holds; writing through one
+# (``x[mask] = v``, aten::index_put_) keeps x's shape, and torchax lowers it with jnp.where (a static shape).
+_MASK_READ = "aten::index.Tensor"
 _HERE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
          os.path.dirname(os.__file__))
 
@@ -62,6 +64,8 @@ class OpUse:
     backward: int = 0
     module: str = ""          # the innermost module running when it was first called ("(backward)": autograd's)
     where: str = ""           # file:line of the program's own code that called it first ("" when none is known)
+    in_user_backward: int = 0  # backward calls made by a user autograd.Function's own backward (a stack that
+                              # differentiates the forward itself still runs that backward)
     functions: list[str] = dataclasses.field(default_factory=list)   # the outermost torch function of each forward
                               # call (function_name; "" for none): a stack that lowers such a function whole never
                               # sees the operator
@@ -139,6 +143,10 @@ class _Ops(TorchDispatchMode):
             use = table[name] = OpUse(name, module=module, where="" if self.backward else _caller())
         if self.backward:
             use.backward += 1
+            node = torch._C._current_autograd_node()
+            forward_cls = getattr(node, "_forward_cls", None) if node is not None else None
+            if isinstance(forward_cls, type) and not forward_cls.__module__.startswith("torch."):
+                use.in_user_backward += 1
         else:
             use.forward += 1
             if self.outermost.current not in use.functions:
@@ -147,8 +155,8 @@ class _Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = op_name(func)
         self._note(self.ops, name)
-        if name in _INDEXING and any(isinstance(index, torch.Tensor) and index.dtype == torch.bool
-                                     for index in (args[1] if len(args) > 1 else ()) or ()):
+        if name == _MASK_READ and any(isinstance(index, torch.Tensor) and index.dtype == torch.bool
+                                      for index in (args[1] if len(args) > 1 else ()) or ()):
             self._note(self.masks, f"boolean mask ({name})")     # the kernel finds the rows itself (nonzero)
         return func(*args, **(kwargs or {}))
 
@@ -196,7 +204,8 @@ def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor
     outermost = _Outermost()
     recorder, draws = _Ops(where, outermost), draw_recorder(where)
     try:
-        with draws, outermost, recorder:
+        # the forward alone needs no autograd graph (a model run on the CPU would hold its activations for nothing)
+        with draws, outermost, recorder, torch.set_grad_enabled(backward):
             value, count = loss_parts(program.loss(model, batch), program)
             loss = value if count is None else per_item(value, count)
         mutated = [key for key, value in batch.items() if value._version != versions[key]]
@@ -224,8 +233,10 @@ def census(program: Program, batch: dict[str, np.ndarray], backward: bool = True
 
     failure = None
     try:
-        meta = {k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, device="meta") for k, v in batch.items()}
-        ops, functions, mutated, draws = _run(program, meta_model(program), meta, backward)
+        from .loss_check import meta_batch
+
+        # floating data in the params dtype, as the backends place it (float64 arrays met an fp32 model's matmul)
+        ops, functions, mutated, draws = _run(program, meta_model(program), meta_batch(program, batch), backward)
         device = "meta"
     except Exception as exc:    # an operator that needs values: once more, on the CPU
         failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]

@@ -7,7 +7,11 @@ same graph. The values are torch's own first ones, so the arithmetic is unchange
 ``Adam._init_group``): ``step`` a 0-d zero (on the parameter's device when ``capturable`` or ``fused``, a CPU
 float otherwise), ``exp_avg`` and ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) ``zeros_like`` the parameter.
 SGD with momentum copies the first gradient into its buffer; a zero buffer gives the same first update only without
-dampening (``0 * momentum + (1 - 0) * grad`` is ``grad`` exactly), so with dampening the state stays lazy."""
+dampening (``0 * momentum + (1 - 0) * grad`` is ``grad`` exactly), so with dampening the state stays lazy.
+
+One difference: torch creates a parameter's state at the first step that gives it a gradient; here every trainable
+parameter gets it. A parameter the loss never reaches is skipped by every update either way (no gradient), but
+holds zero state in memory and in checkpoints, which torch would not have."""
 
 from __future__ import annotations
 
