@@ -196,7 +196,7 @@ def test_tied_weights_train_as_one_parameter():
     assert list(prepared.executable.state["params"]) == ["embed.weight"]
 
 
-def test_unsupported_operator_is_one_line_naming_op_and_module():
+def test_unsupported_operator_is_one_line_naming_op_and_module(monkeypatch):
     class Segments(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -213,6 +213,14 @@ def test_unsupported_operator_is_one_line_naming_op_and_module():
 
     program = xb.Program(name="segments", model=Segments, loss=lambda m, b: m(b["x"]).mean(),
                          data=xb.data.Digits(batch_size=8), optimizer=xb.SGD(lr=0.1))
+    with pytest.raises(ProgramError) as refused:         # check's verdict, before anything is compiled
+        _run(program, "jax-cpu", 1)
+    message = str(refused.value)
+    assert "\n" not in message and refused.value.exit_code == 2
+    assert message.startswith("program 'segments' cannot run on jax-cpu: aten::segment_reduce in pool (") and \
+        "jax-cpu has no lowering or decomposition for it" in message, message
+    # what the census cannot see meets the stack's own line, at the first trace
+    monkeypatch.setattr(before_run, "refuse_what_fails", lambda *args: None)
     with pytest.raises(LoweringError) as info:
         _run(program, "jax-cpu", 1)
     message = str(info.value)
