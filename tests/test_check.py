@@ -14,8 +14,8 @@ FIXTURE = FIXTURES / "check_constructs.py"
 TARGETS = "eager-cpu,inductor-cpu,jax-cpu,xla-cpu"
 
 
-def check(program: str, *args: str) -> dict:
-    proc = run_cli("check", program, "--backends", TARGETS, "--format", "json", *args)
+def check(program: str, *args: str, targets: str = TARGETS) -> dict:
+    proc = run_cli("check", program, "--backends", targets, "--format", "json", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -112,6 +112,16 @@ def test_random_draws_under_either_generator():
     refused = check(f"{FIXTURE}:alpha_dropout")
     assert verdicts(refused) == dict.fromkeys(TARGETS.split(","), "fails")
     assert findings(refused, "eager-cpu", "fails")[0]["why"].startswith("--rng portable refuses it")
+
+
+def test_a_draw_the_portable_sampler_replaces_is_not_the_stacks_operator():
+    """torch_xla has no kernel for Tensor.cauchy_ (its CPU fallback stops the one-graph step: xla fails under --rng
+    native); under --rng portable xbridge's sampler draws there and the stack never sees the operator."""
+    draws = str(FIXTURES / "portable_draws.py")
+    native = findings(check(draws, targets="xla-cpu"), "xla-cpu", "fails")
+    assert [f["what"] for f in native] == ["aten::cauchy_", "aten::log_normal_", "aten::geometric_"], native
+    portable = check(draws, "--rng", "portable", targets="xla-cpu")
+    assert verdicts(portable) == {"xla-cpu": "runs"}, portable["targets"]
 
 
 def test_a_user_function_is_named_and_the_table_reads():

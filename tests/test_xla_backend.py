@@ -114,14 +114,15 @@ def test_recompile_after_warmup_is_counted_with_its_cause(tmp_path, mode):
         assert summary["recompiles_after_warmup"] == 1
         assert reasons == ["xla compile x1: torch_xla.compile (graph 'xbridge-mlp')"], reasons
     else:
-        # Dynamo captures the loss again (its guard on the batch shape fails), XLA compiles the new forward and
-        # backward graphs and the lazy rest of the step
-        assert summary["recompiles_after_warmup"] == 4
+        # Dynamo captures the loss again (its guard on the batch shape fails) and XLA compiles the new forward and
+        # backward graphs; the update's graph does not see the batch (the optimizer state is built before the first
+        # step, optimizer_state.create_state), so it is not compiled again
+        assert summary["recompiles_after_warmup"] == 3
         assert "dynamo recompile x1: the loss: tensor 'batch['x']' size mismatch at index 0. expected 32, actual 64" \
             in reasons, reasons
         assert ("xla compile x2: dynamo is compiling a FX graph to HLO (graph 'xbridge-mlp', in torch_xla's Dynamo "
                 "bridge (extract_graph_helper))") in reasons, reasons
-        assert "xla compile x1: torch_xla.compile (graph 'xbridge-mlp')" in reasons, reasons
+        assert len(reasons) == 2, reasons
     assert not any("no cause recorded" in line for line in reasons), reasons
 
 

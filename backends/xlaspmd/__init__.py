@@ -79,7 +79,8 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
 
         # measured: a forward operator torch_xla runs on the CPU (torch.fft on complex tensors) stops the one-graph
         # step ("Unexpected execution happens inside the compiled function"); a backward one (cdist's) runs
-        forward = [name for name, use in census.ops.items() if use.forward]
+        replaced = census.replaced(program.step.rng)      # the portable sampler runs there instead
+        forward = [name for name, use in census.ops.items() if use.forward and name not in replaced]
         found += [Finding("fails", name, census.ops[name].at, "torch_xla has no XLA kernel for it and runs it on "
                           "the CPU, which the one-graph step (--xla-mode lazy) cannot stop for: the step fails; write "
                           "it with other operators, or run it on eager, inductor or jax", operator=True)

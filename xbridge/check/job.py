@@ -78,6 +78,8 @@ def target_findings(program: Program, target: str, backend: Backend, found: Cens
     counts: dict[str, int] = {}
     if isinstance(backend, StepChecks):
         support = backend.operator_support(found)
+        replaced = found.replaced(program.step.rng)
+        support = {name: status for name, status in support.items() if name not in replaced}
         counts = dict(Counter(support.values()))
         for name, status in support.items():
             severity = OPERATOR_SEVERITY[status]

@@ -66,6 +66,8 @@ class OpUse:
     where: str = ""           # file:line of the program's own code that called it first ("" when none is known)
     in_user_backward: int = 0  # backward calls made by a user autograd.Function's own backward (a stack that
                               # differentiates the forward itself still runs that backward)
+    drawn: int = 0            # forward calls made inside a random draw --rng portable carries (there the stack
+                              # runs xbridge's portable sampler instead)
     functions: list[str] = dataclasses.field(default_factory=list)   # the outermost torch function of each forward
                               # call (function_name; "" for none): a stack that lowers such a function whole never
                               # sees the operator
@@ -91,6 +93,14 @@ class Census:
         data["ops"] = [dataclasses.asdict(use) for use in self.ops.values()]
         data["masks"] = [dataclasses.asdict(use) for use in self.masks.values()]
         return data
+
+    def replaced(self, rng: str) -> set[str]:
+        """Operators the step calls only inside random draws that ``rng`` (``--rng``) replaces: under ``portable``
+        the stacks run xbridge's sampler there, never these."""
+        if rng != "portable":
+            return set()
+        return {name for name, use in self.ops.items() if use.forward and use.drawn == use.forward
+                and not use.backward}
 
     def host_values(self) -> list[OpUse]:
         return [use for name, use in self.ops.items() if name in HOST_VALUE_OPS]
@@ -128,10 +138,11 @@ class _Outermost(TorchFunctionMode):
 
 
 class _Ops(TorchDispatchMode):
-    def __init__(self, where: list[str], outermost: _Outermost) -> None:
+    def __init__(self, where: list[str], outermost: _Outermost, draws: Any) -> None:
         super().__init__()
         self.where = where
         self.outermost = outermost
+        self.draws = draws
         self.ops: dict[str, OpUse] = {}
         self.masks: dict[str, OpUse] = {}        # indexing with a boolean mask: a data-dependent shape
         self.backward = False
@@ -149,6 +160,7 @@ class _Ops(TorchDispatchMode):
                 use.in_user_backward += 1
         else:
             use.forward += 1
+            use.drawn += self.draws.inside > 0
             if self.outermost.current not in use.functions:
                 use.functions.append(self.outermost.current)
 
@@ -202,7 +214,8 @@ def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor
         handles.append(module.register_forward_hook(leave))
     versions = {key: value._version for key, value in batch.items()}
     outermost = _Outermost()
-    recorder, draws = _Ops(where, outermost), draw_recorder(where)
+    draws = draw_recorder(where)
+    recorder = _Ops(where, outermost, draws)
     try:
         # the forward alone needs no autograd graph (a model run on the CPU would hold its activations for nothing)
         with draws, outermost, recorder, torch.set_grad_enabled(backward):

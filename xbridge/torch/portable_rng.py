@@ -591,6 +591,8 @@ class _Recorder(TorchFunctionMode):
         self.where = where
         self.found: list[tuple[str, str]] = []
         self.carried: list[bool] = []       # per draw: --rng portable draws it (False: refuses it)
+        self.inside = 0                     # >0 while a draw --rng portable carries runs (its operators are the
+                                            # sampler's there, not these: op_census.OpUse.drawn)
 
     def __torch_function__(self, func: Callable, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -605,10 +607,15 @@ class _Recorder(TorchFunctionMode):
             name = "scaled_dot_product_attention(dropout_p)" if p > 0 else None
         elif func in _HANDLERS or (func in _REFUSED and (func not in _TRAINING_ONLY or _trains(args, kwargs))):
             name = getattr(func, "__name__", str(func))
-        if name is not None:
-            self.found.append((self.where[-1] if self.where else "(loss)", name))
-            self.carried.append(func not in _REFUSED)
-        return func(*args, **kwargs)
+        if name is None:
+            return func(*args, **kwargs)
+        self.found.append((self.where[-1] if self.where else "(loss)", name))
+        self.carried.append(func not in _REFUSED)
+        self.inside += self.carried[-1]
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.inside -= self.carried[-1]
 
 
 def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
