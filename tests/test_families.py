@@ -10,6 +10,7 @@ import pytest
 from helpers import FIXTURES, error_line, run_cli
 
 MASKED = f"{FIXTURES / 'families.py'}:masked"
+EVERY = "inductor-cpu,jax-cpu,xla-cpu"
 
 
 @pytest.mark.slow
@@ -50,23 +51,23 @@ def test_an_operator_torch_xla_runs_on_the_cpu_is_named():
 
 @pytest.mark.slow
 @pytest.mark.cli
-@pytest.mark.parametrize("name,rng,noisy", [
-    ("vit", "portable", "blocks.0.attn.qkv.bias"),     # timm's DropPath (an in-place bernoulli_) and dropout
-    ("unet", "portable", "to_k.bias"),                 # DDPM: the noise and the timesteps drawn inside the loss
-    ("lstm", "native", None),                          # nn.LSTM, tied decoder, gradient clipping
-    ("gru", "native", None),
+@pytest.mark.parametrize("name,rng,noisy,targets", [
+    ("vit", "portable", "blocks.0.attn.qkv.bias", EVERY),      # timm's DropPath (an in-place bernoulli_) and dropout
+    ("unet", "portable", "to_k.bias", "jax-cpu,xla-cpu"),      # DDPM: the noise and the timesteps drawn in the loss
+    ("lstm", "native", None, EVERY),                           # nn.LSTM, tied decoder, gradient clipping
 ])
-def test_a_family_passes_parity_on_every_target(tmp_path, name, rng, noisy):
+def test_a_family_passes_parity_across_the_targets(tmp_path, name, rng, noisy, targets):
     """Unmodified timm and diffusers models (random init, small configs) and torch's recurrent layers train alike
     on every CPU target. The ViT's and the UNet's attention key biases have no true gradient (softmax ignores a
     constant added to every key): they are judged against eager's own noise, named in the row; every other tensor
-    keeps its limit."""
-    proc = run_cli("parity", f"{FIXTURES / 'families.py'}:{name}", "--backends", "inductor-cpu,jax-cpu,xla-cpu",
+    keeps its limit. (Suite time: the UNet on inductor-cpu, 100 s of Inductor compile alone, and the GRU LM on every
+    target passed in the full run of 2026-12-05 and left the suite then.)"""
+    proc = run_cli("parity", f"{FIXTURES / 'families.py'}:{name}", "--backends", targets,
                    "--steps", "5", "--rng", rng, "--jobs", "2", "--format", "json", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     assert record["rng"] == rng and record["random_draws"] == [] and record["passed"]
-    assert [row["target"] for row in record["targets"]] == ["inductor-cpu", "jax-cpu", "xla-cpu"]
+    assert [row["target"] for row in record["targets"]] == targets.split(",")
     for row in record["targets"]:
         assert row["verdict"] == "pass" and row["max_loss_dev"] <= 1e-5, row
         if noisy is None:

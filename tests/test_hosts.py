@@ -38,9 +38,10 @@ def _across_hosts(per_host: int, args: list[str]) -> dict:
     return json.loads(outputs[0][0])
 
 
-@pytest.mark.parametrize("mode", ["gspmd", "shard_map"])
-def test_two_hosts_of_two_processes_match_one_process(tmp_path, mode):
-    common = [GPT, "--backend", "jax-cpu", "--sharding-mode", mode, "--mesh", "data=-1,model=2"]
+def test_two_hosts_of_two_processes_match_one_process(tmp_path):
+    """GSPMD. (Suite time: the same case under --sharding-mode shard_map passed in the full run of 2026-12-05 and
+    left the suite then; shard_map across processes stays in tests/test_processes.py.)"""
+    common = [GPT, "--backend", "jax-cpu", "--mesh", "data=-1,model=2"]
     ckpt = tmp_path / "ckpt"
     record = _across_hosts(2, [*common, "--devices", "2", "--steps", "3", "--checkpoint-dir", str(ckpt)])
     assert record["processes"] == 4 and record["devices"] == 8 and record["mesh"] == {"data": 4, "model": 2}
@@ -50,8 +51,6 @@ def test_two_hosts_of_two_processes_match_one_process(tmp_path, mode):
     tol = policy.tolerance("fp32")
     losses = policy.loss_deviation(single[:3], [s["loss"] for s in record["steps"]], tol)
     assert losses.ok, losses
-    if mode == "shard_map":
-        return
     # the checkpoint both hosts wrote into one folder, resumed on one host (1 process, 2 devices): its step 3 is
     # the 8-device run's
     (written,) = record["checkpoints"]

@@ -16,8 +16,11 @@ SOURCES = ["tokens", "arrays_npz", "arrays_safetensors", "arrays_npy", "arrays_m
            "hf_dataset", "my_data"]
 # On every backend: one program per kind of source. The .npz, .npy and .safetensors programs give the very batches
 # of the in-memory one (checked below), and the user's own object is read like any other source (its resume is
-# tested above); CI time goes to the kinds that differ.
-ON_EVERY_BACKEND = ["tokens", "arrays_memory", "torch_dataset", "hf_dataset"]
+# tested above); CI time goes to the kinds that differ. Every source reaches a backend as the same host batches (the
+# loader is the core's), so two kinds run here: a token file with its evaluations and a torch Dataset; the in-memory
+# arrays (with evaluations) and the Hugging Face dataset passed on every backend in the full run of 2026-12-05 and
+# left the suite then.
+ON_EVERY_BACKEND = ["tokens", "torch_dataset"]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_every_backend_matches_the_reference_on_the_users_data(name, data_dir, t
     record = json.loads(proc.stdout)
     assert record["passed"], [(r["target"], r.get("error"), r.get("max_loss_dev")) for r in record["targets"]]
     assert {r["target"] for r in record["targets"]} == {"inductor-cpu", "jax-cpu", "xla-cpu"}
-    if name in ("tokens", "arrays_memory"):       # programs with xb.Eval: eval losses compared too
+    if name == "tokens":       # a program with xb.Eval: eval losses compared too
         assert len(record["reference"]["eval_losses"]) >= 2
         assert all(r["max_eval_loss_dev"] <= r["loss_limit"] for r in record["targets"])
 
