@@ -16,6 +16,12 @@ their peak (Linux's VmHWM, reset before each) against the whole checkpoint, besi
 every process (the unsharded ``state_dict`` + ``training_state``, as checkpoints did before) raises it. The load
 is ``checkpoint.load`` + ``init`` (which builds the torch module, whole, on every process) + the optimizer state.
 Writes sharded.json.
+
+    .venv/bin/python bench/checkpoint_io.py --scaling 1,2,4 [--devices 4] [--mesh data=1,model=4]
+
+The same sharded save and load at each process count, the mesh's ``--devices`` devices in all (``--devices`` /
+P per process), one after the other: per count, each process's share and its median save and load time. Writes
+sharded_scaling.json.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TARGET = {"eager": "eager-cpu", "inductor": "inductor-cpu", "jax": "jax-cpu", "xla": "xla-cpu"}
@@ -145,13 +154,14 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
             "rounds": rounds}
 
 
-def sharded(args: argparse.Namespace) -> None:
+def sharded(args: argparse.Namespace, write: bool = True) -> list[dict]:
     from xbridge import processes as job
 
     directory = tempfile.mkdtemp(prefix="xbridge-sharded-bench-")
     env = {job.COORDINATOR: f"127.0.0.1:{job.free_port()}", job.COUNT: str(args.processes)}
     command = [sys.executable, __file__, "--program", args.program, "--rounds", str(args.rounds), "--processes",
-               str(args.processes), "--devices", str(args.devices), "--mesh", args.mesh, "--child", directory]
+               str(args.processes), "--devices", str(args.devices), "--mesh", args.mesh, "--child", directory,
+               "--sharded-child"]
     try:
         procs = [subprocess.Popen(command, env={**os.environ, **env, job.INDEX: str(i)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for i in range(args.processes)]
@@ -172,10 +182,36 @@ def sharded(args: argparse.Namespace) -> None:
         print(f"{r['process']:<9}{r['written_bytes'] / mib:>11.2f}{r['written_bytes'] / r['checkpoint_bytes']:>8.2f}"
               f"{r['save_s'] * 1e3:>9.1f}{r['load_s'] * 1e3:>9.1f}{r['save_peak_bytes'] / mib:>15.2f}"
               f"{r['load_peak_bytes'] / mib:>15.2f}{r['gather_peak_bytes'] / mib:>14.2f}")
+    if write:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sharded.json").write_text(json.dumps({"program": args.program, "rows": rows}, indent=2))
+        print(f"wrote {out / 'sharded.json'}")
+    return rows
+
+
+def scaling(args: argparse.Namespace) -> None:
+    """:func:`sharded` at each process count of ``--scaling``, the same ``--devices`` in all."""
+    counts = [int(text) for text in args.scaling.split(",")]
+    if any(count < 1 or args.devices % count for count in counts):
+        sys.exit(f"--scaling {args.scaling}: each count must divide --devices {args.devices}")
+    runs = {}
+    for count in counts:
+        runs[count] = sharded(argparse.Namespace(**{**vars(args), "processes": count,
+                                                    "devices": args.devices // count}), write=False)
+    print(f"\n{'processes':<11}{'MiB each (max)':>16}{'save ms (max)':>15}{'save ms (median)':>18}"
+          f"{'load ms (max)':>15}")
+    for count, rows in runs.items():
+        saves = [r["save_s"] * 1e3 for r in rows]
+        print(f"{count:<11}{max(r['written_bytes'] for r in rows) / 2**20:>16.2f}"
+              f"{max(saves):>15.1f}{float(np.median(saves)):>18.1f}"
+              f"{max(r['load_s'] for r in rows) * 1e3:>15.1f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sharded.json").write_text(json.dumps({"program": args.program, "rows": rows}, indent=2))
-    print(f"wrote {out / 'sharded.json'}")
+    (out / "sharded_scaling.json").write_text(json.dumps({"program": args.program, "devices": args.devices,
+                                                          "mesh": args.mesh, "machine": describe(),
+                                                          "runs": {str(k): v for k, v in runs.items()}}, indent=2))
+    print(f"wrote {out / 'sharded_scaling.json'}")
 
 
 def main() -> None:
@@ -187,9 +223,15 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="> 1: a sharded save and load by a jax job")
     parser.add_argument("--devices", type=int, default=2, help="devices per process (with --processes)")
     parser.add_argument("--mesh", default="data=1,model=4", help="the mesh (with --processes)")
+    parser.add_argument("--scaling", help="P,P,...: the sharded save and load at each process count, --devices in "
+                                           "all")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--sharded-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child and args.processes > 1:
+    if args.scaling:
+        scaling(args)
+        return
+    if args.child and args.sharded_child:
         print(json.dumps(sharded_child(args.program, args.processes, args.devices, args.mesh, args.rounds,
                                        args.child)))
         return

@@ -2,7 +2,7 @@
 address): 2 hosts x 2 JAX processes x 2 devices started as a cluster starts them (the same command on every host,
 the coordinator's address, the count and the index in the environment: ``--processes cluster``), one 8-device mesh
 matching one process of 8 devices within the fp32 policy; its sharded checkpoint, written by both hosts into one
-folder, resumed on one host."""
+folder, resumed on one host; inductor's 2 hosts x 2 ranks under torchrun, matching eager on one process."""
 
 from __future__ import annotations
 
@@ -60,3 +60,32 @@ def test_two_hosts_of_two_processes_match_one_process(tmp_path):
     after = json.loads(resumed.stdout)
     assert after["start_step"] == 3 and after["resumed_from"] == written
     assert policy.loss_deviation(single[3:], [s["loss"] for s in after["steps"]], tol).ok, (single, after["steps"])
+
+
+def test_inductor_on_two_hosts_under_torchrun_matches_one_process():
+    """Inductor across hosts as clusters start it: ``torchrun --nnodes 2 --rdzv-backend c10d`` on each host (2 ranks
+    each, one 2x2 mesh: FSDP2 over 'data', tensor parallel over 'model'), within the fp32 policy of eager on one
+    process. Rendezvous orders the hosts; the rank 0 the report comes from is on either."""
+    args = [str(PROGRAMS / "mlp.py"), "--backend", "inductor-cpu", "--devices", "4", "--mesh", "data=2,model=2",
+            "--steps", "3", "--format", "json"]
+    with hosts(2) as machines:
+        endpoint = f"{machines[0].address}:12431"
+        procs = []
+        for machine in machines:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "xbridge-hosts",
+                    "--local-addr", machine.address, "-m", "xbridge", "run", *args]
+            procs.append(subprocess.Popen(machine.command(argv, {**user_env(), "XBRIDGE_DEBUG": "0"}), cwd=ROOT,
+                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outputs = [proc.communicate(timeout=600) for proc in procs]
+    for index, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"host {index}: {err[-3000:]}"
+    (report,) = [out for out, _ in outputs if out.strip()]        # one document: only rank 0 reports
+    record = json.loads(report)
+    assert record["devices"] == 4 and record["mesh"] == {"data": 2, "model": 2}
+    assert record["layout"]["fc1.weight"]["shard_shapes"] == [[128, 64]] * 4
+    one = run_cli("run", *args[:1], "--backend", "eager-cpu", "--steps", "3", "--format", "json")
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = [s["loss"] for s in json.loads(one.stdout)["steps"]]
+    deviation = policy.loss_deviation(single, [s["loss"] for s in record["steps"]], policy.tolerance("fp32"))
+    assert deviation.ok, deviation

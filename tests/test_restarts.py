@@ -1,15 +1,18 @@
 """``--max-restarts N`` (xbridge/processes/supervisor.py, restarts.py): a job one of whose processes is killed
-(SIGKILL, as a lost host: tests/fixtures/restart_fault.py, process 1 at step 6) is started again, every process,
-from its newest committed checkpoint, and ends as the uninterrupted run does, bit for bit; the record holds each
-step once and the restart; after N restarts it stops with one line."""
+(SIGKILL, as a lost host: tests/fixtures/restart_fault.py, process 1 at step 6: a JAX process, an inductor rank) is
+started again, every process, from its newest committed checkpoint, and ends as the uninterrupted run does, bit for
+bit; the record holds each step once and the restart; after N restarts it stops with one line. Under torchrun,
+torchrun's own ``--max-restarts`` restarts the ranks and xbridge resumes them."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from helpers import FIXTURES, error_line, run_cli
+from helpers import FIXTURES, ROOT, error_line, run_cli, user_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli]
 FAULT = str(FIXTURES / "restart_fault.py")
@@ -56,31 +59,68 @@ def test_after_the_restarts_it_allows_the_job_stops_with_one_line(tmp_path):
     assert line.endswith("(after 1 restart(s), the most --max-restarts 1 allows)"), line
 
 
-def test_max_restarts_needs_processes_it_starts():
-    proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--steps", "2", "--max-restarts", "1")
-    assert proc.returncode == 2
-    assert "--max-restarts restarts the processes xbridge starts here: give --processes P" in error_line(proc)
+def test_a_killed_inductor_rank_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_path):
+    """Inductor's rank 1 killed at step 6: restarted by xbridge's supervisor (the ranks xbridge starts, one
+    supervised process), and by torchrun's own agent (torchrun --max-restarts, every rank resuming from the newest
+    checkpoint); both end as the uninterrupted run, bit for bit, their records holding each step once."""
+    common = ["run", FAULT, "--backend", "inductor-cpu", "--devices", "2", "--steps", "12", "--checkpoint-every",
+              "4", "--format", "json"]
+    whole = run_cli(*common, "--checkpoint-dir", str(tmp_path / "whole"), env={"XBRIDGE_TEST_FAULT": "off"})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    want = [s["loss"] for s in json.loads(whole.stdout)["steps"]]
+    spawned = run_cli(*common, "--checkpoint-dir", str(tmp_path / "spawned"), "--max-restarts", "1",
+                      env={"XBRIDGE_TEST_FAULT": "once"})
+    assert spawned.returncode == 0, spawned.stderr[-3000:]
+    assert ("inductor rank 1 was killed by SIGKILL" in spawned.stderr
+            and "restarting the job from checkpoint " in spawned.stderr), spawned.stderr[-3000:]
+    got = json.loads(spawned.stdout)
+    assert [s["step"] for s in got["steps"]] == list(range(12)) and [s["loss"] for s in got["steps"]] == want
+    (restart,) = got["restarts"]
+    assert (restart["process"], restart["status"], restart["from_step"]) == (1, "was killed by SIGKILL", 4)
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               "2", "--max-restarts", "1", "-m", "xbridge", *common, "--checkpoint-dir",
+                               str(tmp_path / "torchrun")], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                              env={**user_env(), "XBRIDGE_DEBUG": "0", "XBRIDGE_TEST_FAULT": "once"})
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    assert "xbridge: torchrun restarted the job (1 time(s)); every rank resumes from checkpoint " \
+        in torchrun.stderr, torchrun.stderr[-3000:]
+    got = json.loads(torchrun.stdout)
+    assert [s["step"] for s in got["steps"]] == list(range(12)) and [s["loss"] for s in got["steps"]] == want
+    (restart,) = got["restarts"]
+    assert restart["from_step"] == 4 and 1 <= restart["steps_redone"] <= 2 and restart["after_s"] > 0
+    assert got["resumed_from"].endswith("step-00000004")
 
 
-@pytest.mark.parametrize("flags", [["--processes", "cluster"], ["--processes", "1"]])
-def test_max_restarts_refused_where_xbridge_starts_no_process(flags):
-    proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--steps", "2", "--max-restarts", "1", *flags)
+def test_max_restarts_refused_where_a_launcher_started_the_process():
+    """A cluster's launcher or torchrun started this process: their own restarts apply, not xbridge's."""
+    proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--steps", "2", "--max-restarts", "1", "--processes",
+                   "cluster")
     assert proc.returncode == 2
-    assert "a cluster's own launcher restarts the processes it starts" in error_line(proc)
+    assert error_line(proc).endswith("--max-restarts restarts the processes xbridge starts here; the cluster's "
+                                     "launcher started this one: its own restarts apply (torchrun --max-restarts; "
+                                     "docs/multi-process.md)")
+    proc = run_cli("run", FAULT, "--backend", "inductor-cpu", "--steps", "2", "--max-restarts", "1",
+                   env={"RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 2
+    assert "; torchrun started this one: its own restarts apply" in error_line(proc)
 
 
 def test_a_restart_resumes_in_place_of_what_conflicts_with_a_checkpoint(tmp_path):
     """The starting weights, the profiled steps and a resume of the command's own give way to the checkpoint; a
     step record cut short by the kill ends its line."""
-    from xbridge.processes.supervisor import _end_line, _resuming, _value
+    from xbridge.processes.restarts import end_line
+    from xbridge.processes.supervisor import _failure, _resuming, _value
 
     argv = ["run", "p.py", "--init-state", "w.npz", "--profile=steps=2:4", "--resume", "old", "--steps", "12"]
     assert _resuming(argv, tmp_path / "ckpt") == ["run", "p.py", "--steps", "12", "--resume", str(tmp_path / "ckpt")]
     assert _value(argv, "--resume") == "old" and _value(["--resume=a", "--resume", "b"], "--resume") == "b"
     log = tmp_path / "steps.jsonl"
     log.write_text('{"step": 0, "loss": 1.0, "time_s": 1.0}\n{"step": 1, "lo')
-    _end_line(log)
+    end_line(log)
     log.write_text(log.read_text() + '{"step": 1, "loss": 2.0, "time_s": 1.0}\n')
     from xbridge.processes.restarts import logged_steps
 
     assert [(r["step"], r["loss"]) for r in logged_steps(str(log))] == [(0, 1.0), (1, 2.0)]
+    assert _failure("process 1 of 2 was killed by SIGKILL (its log: x)") == (1, "was killed by SIGKILL")
+    assert _failure("inductor rank 1 exited with code 1 during step_at; its log: x") == (1, "exited with code 1")
+    assert _failure("RunError: the loss is NaN") == (0, None)

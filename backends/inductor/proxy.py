@@ -41,12 +41,13 @@ from xbridge.contract import (
 from xbridge.errors import LoweringError, RunError
 from xbridge.ir.program import Program
 from xbridge.planner import ShardingPlan
+from xbridge.processes import torchrun_restarts, under_torchrun
 from xbridge.program_file import source_of
 
 from .peers import SpawnedPeers, TorchrunPeers, torchrun_worker
 from .placement import MeshRoles
 from .rank_engine import RankEngine, device_for, process_group_backend
-from .rpc import quiet_stdout, timeout_s, under_torchrun
+from .rpc import quiet_stdout, timeout_s
 
 
 def program_source(program: Program) -> tuple[str, str]:
@@ -58,6 +59,15 @@ def program_source(program: Program) -> tuple[str, str]:
                             "processes loads the program in each worker; run it from a file (xbridge run FILE.py) or "
                             "under torchrun")
     return found
+
+
+def _attempt_store(timeout: datetime.timedelta) -> Any:
+    """torchrun's store (``env://``) with this start's keys under a prefix of their own: torchrun keeps one store
+    across its restarts (``--max-restarts``), and a restarted rank that read the group's keys of the start before
+    would connect to a dead rank's address (gloo: "Connection refused")."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"xbridge-start-{torchrun_restarts()}/", store)
 
 
 _live: list[DistributedExecutable] = []   # the spawned run of this process that owns the default group
@@ -92,7 +102,8 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
             self.owns_group = not dist.is_initialized()
             with quiet_stdout():
                 if self.owns_group:
-                    dist.init_process_group(backend, timeout=pg_timeout)
+                    dist.init_process_group(backend, store=_attempt_store(pg_timeout),
+                                            rank=int(os.environ["RANK"]), world_size=have, timeout=pg_timeout)
                 control = dist.new_group(backend="gloo", timeout=pg_timeout)
             rank = dist.get_rank()
             debug_dir = os.environ.get("TORCH_COMPILE_DEBUG_DIR")

@@ -21,10 +21,6 @@ def timeout_s() -> float:
     return float(os.environ.get("XBRIDGE_DIST_TIMEOUT", "600"))
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 @contextlib.contextmanager
 def quiet_stdout() -> Iterator[None]:
     """Gloo prints "[Gloo] Rank r is connected to n peer ranks" on file descriptor 1 while groups form; stdout is

@@ -8,9 +8,11 @@ example, and :func:`main` turns what they raise into one error line and an exit 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -49,10 +51,22 @@ app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh 
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EROFS}
 
 
+def _error(text: str) -> None:
+    """The one error line, on stderr; also in ``XBRIDGE_ERROR_FILE`` where a supervisor set it (a process it
+    restarts said why it failed: the restart's record names that, xbridge/processes/restarts.py)."""
+    print(f"error: {text}", file=sys.stderr)
+    from ..processes.restarts import ERROR_FILE
+
+    where = os.environ.get(ERROR_FILE)
+    if where:
+        with contextlib.suppress(OSError):
+            Path(where).write_text(text + "\n", encoding="utf-8")
+
+
 def _resource_error(exc: OSError) -> None:
     where = f" on {exc.filename!r}" if exc.filename else ""
-    print(f"error: {exc.strerror}{where} (errno {exc.errno}); free the resource or choose another path "
-          "(XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
+    _error(f"{exc.strerror}{where} (errno {exc.errno}); free the resource or choose another path "
+           "(XBRIDGE_DEBUG=1 shows the traceback)")
     sys.exit(1)
 
 
@@ -67,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("error: interrupted", file=sys.stderr)
+        _error("interrupted")
         sys.exit(130)
     except typer.TyperException as exc:  # usage errors: unknown option, missing argument, bad value
         ctx = getattr(exc, "ctx", None)
@@ -76,12 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(message, file=sys.stderr)
         else:
-            print(f"error: {message} (see `{command} --help`)", file=sys.stderr)
+            _error(f"{message} (see `{command} --help`)")
         sys.exit(getattr(exc, "exit_code", 2))
     except XBridgeError as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        _error(str(exc))
         sys.exit(exc.exit_code)
     except Exception as exc:
         if debug:
@@ -90,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
 
         after_lost_peer(exc)        # a peer process died: its supervisor names it, not this echo of it
         if isinstance(exc, MemoryError):   # the environment: exit 1, the resource named
-            print("error: out of host memory (MemoryError); use a smaller model or batch, fewer --jobs, or a machine "
-                  "with more memory", file=sys.stderr)
+            _error("out of host memory (MemoryError); use a smaller model or batch, fewer --jobs, or a machine "
+                   "with more memory")
             sys.exit(1)
         if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:    # disk full, quota, I/O: wherever raised
             _resource_error(exc)
@@ -101,13 +115,12 @@ def main(argv: list[str] | None = None) -> None:
         if found is not None:      # the user's program raised (its model, loss or data): bad input, exit 2
             where, role = found
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"error: {type(exc).__name__}{': ' + message if message else ''} raised in the program's {role} at "
-                  f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback",
-                  file=sys.stderr)
+            _error(f"{type(exc).__name__}{': ' + message if message else ''} raised in the program's {role} at "
+                   f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback")
             sys.exit(2)
         if isinstance(exc, OSError) and exc.strerror:
             _resource_error(exc)
-        print(f"error: {type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        _error(f"{type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -35,9 +36,11 @@ def run(
     devices: int = typer.Option(1, help="Devices the mesh spans (with --processes: devices per process)."),
     mesh: str | None = MESH,
     processes: str | None = PROCESSES,
-    max_restarts: int = typer.Option(0, "--max-restarts", help="With --processes P: when a process dies, start "
-                                                               "every process again from the newest checkpoint "
-                                                               "in --checkpoint-dir, at most N times."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="When the run fails (a process of --processes P, an "
+                                                               "inductor rank, the run itself), start it again, "
+                                                               "every process, from the newest checkpoint in "
+                                                               "--checkpoint-dir, at most N times (under torchrun: "
+                                                               "torchrun --max-restarts)."),
     out: Path | None = typer.Option(None, help="Directory to write run.json into."),
     dump: Path | None = typer.Option(None, help="Directory to write what the backend compiled (graphs, HLO)."),
     save_state: Path | None = typer.Option(None, help="Write the final parameters and buffers (eager names) to "
@@ -89,9 +92,18 @@ def run(
             raise
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if max_restarts and not job.must_start(spread) and job.CHILD not in os.environ:
-        raise ConfigError("--max-restarts restarts the processes xbridge starts here: give --processes P (P >= 2) "
-                          "with a jax target; a cluster's own launcher restarts the processes it starts")
+    if max_restarts and (spread == job.CLUSTER or job.under_torchrun()):
+        launcher = "torchrun" if job.under_torchrun() else "the cluster's launcher"
+        raise ConfigError(f"--max-restarts restarts the processes xbridge starts here; {launcher} started this one: "
+                          "its own restarts apply (torchrun --max-restarts; docs/multi-process.md)")
+    restarted_from = job.torchrun_resume(checkpoint_dir)
+    if restarted_from is not None:    # torchrun restarted the job: every rank resumes from the newest checkpoint
+        resume, init_state, profile = restarted_from, None, None
+    if job.torchrun_restarts() and os.environ.get("RANK") == "0":
+        print(f"xbridge: torchrun restarted the job ({job.torchrun_restarts()} time(s)); every rank resumes from "
+              + (f"checkpoint {restarted_from}" if restarted_from is not None
+                 else f"{resume} (no checkpoint of --checkpoint-dir yet)" if resume is not None
+                 else "step 0 (no checkpoint yet)"), file=sys.stderr)
     if keep is not None and checkpoint_dir is None:
         raise ConfigError("--keep needs --checkpoint-dir DIR (the checkpoints it keeps are written there)")
     if allow_config_change and resume is None:
@@ -115,9 +127,11 @@ def run(
     for path, flag in ((save_state, "--save-state"), (trace_modules, "--trace-modules")):
         if path is not None:
             check_file_writable(path, flag)
-    if job.must_start(spread):       # checked above; now the processes, each running this same command
-        assert isinstance(spread, int)
-        raise typer.Exit(job.start(spread, COMMAND_LINE, max_restarts, checkpoint_dir, steps))
+    if job.must_start(spread) or (max_restarts and job.CHILD not in os.environ):
+        # checked above; now the processes, each running this same command (one, to be restarted, without P)
+        raise typer.Exit(job.start(spread if isinstance(spread, int) else 1, COMMAND_LINE, max_restarts,
+                                   checkpoint_dir, steps))
+    job.torchrun_attempt(checkpoint_dir, restarted_from)
     from ..data.source import tokens_per_example
 
     tokens = prog.data.batch_size * tokens_per_example(prog.data)

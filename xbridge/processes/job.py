@@ -103,6 +103,11 @@ def environment_job() -> tuple[int, int] | None:
         raise ConfigError(f"{INDEX}={index!r} and {COUNT}={count!r} must be integers") from None
 
 
+def under_torchrun() -> bool:
+    """torchrun (torch.distributed.elastic) started this process: it sets ``RANK`` and ``WORLD_SIZE`` in each."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def must_start(processes: int | str) -> bool:
     """True in the command a user typed with ``--processes P`` (P > 1): it starts the P processes and waits."""
     return isinstance(processes, int) and processes > 1 and CHILD not in os.environ

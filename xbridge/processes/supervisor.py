@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
 from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
-from .restarts import RESTARTS, STEPS, logged_steps
+from .restarts import ERROR_FILE, RESTARTS, STEPS, end_line, logged_steps
 
 GRACE_S = 5.0      # after one process fails, how long the others get to end on their own before they are killed
 
@@ -45,7 +45,8 @@ def last_error(log: Path) -> str | None:
 
 def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Path | None = None,
           steps: int | None = None) -> int:
-    """Start ``count`` processes of ``xbridge argv`` on this machine (coordinator on 127.0.0.1) and wait for them.
+    """Start ``count`` processes of ``xbridge argv`` on this machine (coordinator on 127.0.0.1 when there are
+    several) and wait for them.
     Process 0 prints to this terminal; the others' output goes to log files. When one fails, the rest get
     :data:`GRACE_S` seconds to end on their own (a collective waiting for the dead peer may never return) and are
     then killed. When no process makes progress for :func:`timeout_s` seconds, all are stopped and the one that
@@ -55,9 +56,10 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
     ``max_restarts``: a job that fails other than on bad input (exit 2) or Ctrl-C is started again, every process,
     from the newest committed checkpoint in ``checkpoint_dir`` (from where the command started when there is none),
     at most that many times (restarts.py: the steps log and the restarts the last attempt's record holds); not
-    when that checkpoint is of the last of ``steps`` (the training is done: the failure is reported)."""
+    when that checkpoint is of the last of ``steps`` (the training is done: the failure is reported). One process
+    (``count`` 1) is how a run whose backend starts processes of its own (inductor's ranks) is restarted."""
     if max_restarts == 0:
-        code, said = _attempt(count, argv, {})
+        code, said, _ = _attempt(count, argv, {})
         if said:
             print(f"error: {said}", file=sys.stderr)
         return code
@@ -70,39 +72,40 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
     began, attempt_argv = time.monotonic(), list(argv)
     try:
         while True:
-            code, said = _attempt(count, attempt_argv, {STEPS: str(steps_log), RESTARTS: json.dumps(done)})
+            code, said, own = _attempt(count, attempt_argv, {STEPS: str(steps_log), RESTARTS: json.dumps(done)})
             if code in (0, 2, 130) or len(done) >= max_restarts:
-                if said:       # (process 0 says its own failure on this terminal)
-                    tried = f" (after {len(done)} restart(s), the most --max-restarts {max_restarts} allows)" \
-                        if code not in (0, 2, 130) else ""
+                tried = f" (after {len(done)} restart(s), the most --max-restarts {max_restarts} allows)" \
+                    if code not in (0, 2, 130) else ""
+                if said:       # (process 0 says its own failure on this terminal, the restarts above it)
                     print(f"error: {said}{tried}", file=sys.stderr)
                 return code
             newest = None
             if checkpoint_dir is not None:
                 with contextlib.suppress(CheckpointError):
                     newest = locate(checkpoint_dir)
-            own = _value(argv, "--resume")        # the command's own --resume, where no checkpoint is newer
+            given = _value(argv, "--resume")        # the command's own --resume, where no checkpoint is newer
             start_at = newest
-            if start_at is None and own is not None:
+            if start_at is None and given is not None:
                 with contextlib.suppress(CheckpointError):
-                    start_at = locate(Path(own))
+                    start_at = locate(Path(given))
             from_step = int(start_at.name.rpartition("-")[2]) if start_at is not None else 0
+            message = said or own or f"process 0 exited with code {code}"
             if newest is not None and steps is not None and from_step >= steps:
-                print(f"error: {said or f'process 0 exited with code {code}'} (after the checkpoint of the last "
-                      f"step, {newest}: nothing is left to redo)", file=sys.stderr)
+                print(f"error: {message} (after the checkpoint of the last step, {newest}: nothing is left to redo)",
+                      file=sys.stderr)
                 return code
             finished = [record["step"] for record in logged_steps(str(steps_log))]
             reached = max(finished) + 1 if finished else 0
-            failed_index, status = _failure(said)
+            failed_index, status = _failure(message)
             done.append({"after_s": round(time.monotonic() - began, 1), "process": failed_index, "status": status,
-                         "message": said or f"process 0 exited with code {code}", "from_step": from_step,
-                         "steps_redone": max(reached - from_step, 0)})
+                         "message": message, "from_step": from_step, "steps_redone": max(reached - from_step, 0)})
             where = (f"checkpoint {start_at}" if start_at is not None
                      else "step 0 (no checkpoint yet)")
-            print(f"xbridge: {said or f'process 0 exited with code {code}'}; restarting all {count} processes from "
-                  f"{where} (restart {len(done)} of {max_restarts})", file=sys.stderr)
+            what = f"all {count} processes" if count > 1 else "the job"
+            print(f"xbridge: {message}; restarting {what} from {where} (restart {len(done)} of {max_restarts})",
+                  file=sys.stderr)
             attempt_argv = _resuming(argv, checkpoint_dir) if newest is not None else list(argv)
-            _end_line(steps_log)
+            end_line(steps_log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -138,36 +141,42 @@ def _value(argv: list[str], flag: str) -> str | None:
     return found
 
 
-def _end_line(log: Path) -> None:
-    """A step record cut short by a kill ends its line, so the next attempt's first record starts a line of its own."""
-    with contextlib.suppress(OSError):
-        with open(log, "rb+") as handle:
-            handle.seek(0, os.SEEK_END)
-            if handle.tell():
-                handle.seek(-1, os.SEEK_END)
-                if handle.read(1) != b"\n":
-                    handle.write(b"\n")
-
-
 def _failure(said: str | None) -> tuple[int | None, str | None]:
-    """The process the one line names and how it ended (``process 1 of 2 was killed by SIGKILL: ...``)."""
-    match = re.match(r"process (\d+) of \d+ (was killed by \w+|exited with code -?\d+|made no progress)", said or "")
+    """The process the one line names and how it ended (``process 1 of 2 was killed by SIGKILL: ...``; of a run
+    with inductor ranks ``inductor rank 1 was killed by SIGKILL during step ...``)."""
+    match = re.match(r"process (\d+) of \d+ (was killed by \w+|exited with code -?\d+|made no progress)", said or "") \
+        or re.search(r"\brank (\d+) (was killed by \w+|exited with code -?\d+)", said or "")
     return (int(match.group(1)), match.group(2)) if match else (0, None)
 
 
-def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[int, str | None]:
-    """One start of the job's processes, waited for: the exit status, and the line that says which failed (None
-    when none did, or process 0 failed and said so itself)."""
+def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[int, str | None, str | None]:
+    """One start of the job's processes, waited for: the exit status, the line that says which failed (None when
+    none did, or process 0 failed and said so itself), and process 0's own error line (None when it said none)."""
     address, limit = f"127.0.0.1:{free_port()}", timeout_s()
     logs = Path(tempfile.mkdtemp(prefix="xbridge-processes-"))
+    said_file = logs / "process0.error"
+    code, said = _watch(count, argv, extra_env, address, limit, logs, said_file)
+    own = said_file.read_text(encoding="utf-8").strip() if said_file.exists() else None
+    if not (said and "(its log: " in said):
+        shutil.rmtree(logs, ignore_errors=True)
+    return code, said, own or None
+
+
+def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str, limit: float, logs: Path,
+           said_file: Path) -> tuple[int, str | None]:
+    """Start the processes and wait for them (see :func:`_attempt`); process 0 writes its error line to
+    ``said_file``."""
     beats = [logs / f"process{index}.beat" for index in range(count)]
     procs: list[subprocess.Popen] = []
-    keep_logs = False
     try:
         started = time.time()
         for index in range(count):
-            env = dict(os.environ, **{COORDINATOR: address, COUNT: str(count), INDEX: str(index), CHILD: "1",
-                                      HEARTBEAT: str(beats[index])}, **extra_env)
+            joining = {COORDINATOR: address, COUNT: str(count), INDEX: str(index)} if count > 1 else {}
+            env = dict(os.environ, **joining, **{CHILD: "1", HEARTBEAT: str(beats[index])}, **extra_env)
+            if index == 0:
+                env[ERROR_FILE] = str(said_file)
+            else:
+                env.pop(ERROR_FILE, None)
             with contextlib.ExitStack() as files:
                 out = None if index == 0 else files.enter_context(open(logs / f"process{index}.out", "wb"))
                 err = None if index == 0 else files.enter_context(open(logs / f"process{index}.log", "wb"))
@@ -189,7 +198,6 @@ def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[in
                     stuck = last.index(min(last))
                     doing = beats[stuck].read_text(encoding="utf-8") if beats[stuck].exists() else "starting"
                     _kill(procs)
-                    keep_logs = stuck > 0
                     where = f"its log: {logs / f'process{stuck}.log'}" if stuck else "its output is above"
                     return 1, (f"process {stuck} of {count} made no progress for {limit:g} s ({TIMEOUT}; it was "
                                f"{doing}), and no process has since; every process was stopped ({where})")
@@ -202,7 +210,6 @@ def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[in
         index = failed[0]
         code = procs[index].returncode
         said = last_error(logs / f"process{index}.log") if index else None
-        keep_logs = index > 0
         where = f"its log: {logs / f'process{index}.log'}" if index else "its output is above"
         return (2 if code == 2 else 1), (f"process {index} of {count} {describe_exit(code)}"
                                          f"{': ' + said if said else ''} ({where})")
@@ -217,8 +224,6 @@ def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[in
         return 130, None
     finally:
         _kill(procs)
-        if not keep_logs:
-            shutil.rmtree(logs, ignore_errors=True)
 
 
 def die_with_parent() -> None:
