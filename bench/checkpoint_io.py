@@ -92,11 +92,11 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
     measured for time and for its tracemalloc peak; then the gathered state's peak for comparison."""
     from xbridge import checkpoint
     from xbridge import processes as job
-    from xbridge.contract import registry
+    from xbridge.contract import ShardedCheckpoint, registry
     from xbridge.ir.mesh import parse_mesh
     from xbridge.program_file import load_program
     from xbridge.run.loop import RunOptions
-    from xbridge.run.prepare import prepare
+    from xbridge.run.prepare import prepare, readable
 
     program = load_program(program_path).replace(mesh=parse_mesh(mesh))
     _, backend = registry.resolve("jax-cpu")
@@ -126,9 +126,11 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
         if index == 0:
             writer.lock()
 
-        def save(writer=writer):
-            model, train, group = executable.checkpoint_state()
-            return writer.save(2, model, train, info, group)
+        def save(writer=writer):       # as the run loop saves (xbridge/run/loop.py): in pieces where sharded
+            pieces = executable.piece_writer() if isinstance(executable, ShardedCheckpoint) else None
+            if pieces is not None:
+                return writer.save_pieces(2, pieces, info)
+            return writer.save(2, executable.state_dict(), executable.training_state(), info)
 
         path, seconds, peak = measured(save)
         save_s.append(seconds)
@@ -136,8 +138,8 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
 
         def load(path=path):
             loaded = checkpoint.load(path, program)
-            executable.init(loaded.weights)
-            executable.load_training_state(loaded.train)
+            executable.init(readable(executable, loaded.weights))
+            executable.load_training_state(readable(executable, loaded.train))
 
         _, seconds, peak = measured(load)
         load_s.append(seconds)
@@ -147,7 +149,7 @@ def sharded_child(program_path: str, processes: int, devices: int, mesh: str, ro
     mine = f"-{index:05d}-of-"
     return {"process": index, "processes": count, "devices": total, "mesh": mesh,
             "checkpoint_bytes": sum(f["bytes"] for f in manifest["files"].values()),
-            "written_bytes": sum(f["bytes"] for n, f in manifest["files"].items() if mine in n),
+            "written_bytes": sum(f["bytes"] for n, f in manifest["files"].items() if mine in n or count == 1),
             "save_s": float(np.median(save_s)), "load_s": float(np.median(load_s)),
             "save_peak_bytes": int(max(save_peak)), "load_peak_bytes": int(max(load_peak)),
             "gather_peak_bytes": int(gather_peak), "save_peaks": save_peak, "load_peaks": load_peak,

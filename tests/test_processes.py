@@ -328,3 +328,37 @@ def test_replicas_that_start_apart_are_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert ("the model builder gave process 1 other initial weights than process 0, first in 'fc1.weight': it draws "
             "from something xbridge does not seed") in error_line(proc)
+
+
+def test_two_processes_of_a_slurm_step_join_as_jax_detects_it():
+    """``--processes cluster`` in a Slurm step (two tasks on one node here, as ``srun --ntasks 2`` starts them):
+    nothing but Slurm's own variables, JAX's Slurm detection finds the coordinator (the step's first node, a port
+    from the job id), and the two train as one job of 4 devices, the report process 0's."""
+    import socket
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    for port in range(61440 + 2000, 65536):      # jax: port = 61440 + SLURM_JOB_ID % 4096; a free one here
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                break
+    slurm = {"SLURM_JOB_ID": str(port - 61440), "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+             "SLURM_STEP_NUM_NODES": "1"}
+    argv = [sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--processes",
+            "cluster", "--devices", "2", "--mesh", "data=-1,model=2", "--steps", "3", "--format", "json"]
+    procs = [subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**user_env(), **slurm, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
+                                   "XBRIDGE_DEBUG": "0"}) for task in range(2)]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    for task, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"task {task}: {err[-3000:]}"
+    assert outputs[1][0].strip() == ""                      # the report is process 0's
+    record = json.loads(outputs[0][0])
+    assert record["processes"] == 2 and record["devices"] == 4 and record["mesh"] == {"data": 2, "model": 2}
+    one = run_cli("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--devices", "4", "--mesh",
+                  "data=-1,model=2", "--steps", "3", "--format", "json")
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = [s["loss"] for s in json.loads(one.stdout)["steps"]]
+    assert policy.loss_deviation(single, [s["loss"] for s in record["steps"]], policy.tolerance("fp32")).ok
