@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/restarts.py [--program gpt] [--steps 12] [--kill-at 7] [--intervals 2,4,8]
                                        [--out bench/results/restarts]
+    .venv/bin/python bench/restarts.py --processes 4 --devices 1 --kill 2,3 --name host     # a host of 2 lost
+    .venv/bin/python bench/restarts.py --backend inductor-cpu --processes 1 --kill 1 --name inductor
 
 For each checkpoint interval, on jax-cpu with 2 processes x 2 devices: the job uninterrupted, then the same job with
 process 1 SIGKILLed when its data source is asked for step K's rows (tests/fixtures/restart_fault.py; step K is
@@ -32,12 +34,15 @@ from machine import cpu, describe  # noqa: E402
 FIXTURE = ROOT / "tests" / "fixtures" / "restart_fault.py"
 
 
-def one_job(program: str, steps: int, every: int, kill_at: int, fault: str) -> dict:
-    env = dict(os.environ, XBRIDGE_TEST_FAULT=fault, XBRIDGE_TEST_FAULT_STEP=str(kill_at))
+def one_job(program: str, steps: int, every: int, kill_at: int, fault: str, args: argparse.Namespace) -> dict:
+    env = dict(os.environ, XBRIDGE_TEST_FAULT=fault, XBRIDGE_TEST_FAULT_STEP=str(kill_at),
+               XBRIDGE_TEST_FAULT_PROCESSES=args.kill)
+    spread = ["--processes", str(args.processes)] if args.processes > 1 else []
     with tempfile.TemporaryDirectory(prefix="xbridge-bench-restarts-") as folder:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "xbridge", "run", f"{FIXTURE}:{program}", "--backend", "jax-cpu",
-                               "--processes", "2", "--devices", "2", "--steps", str(steps), "--checkpoint-every",
+        proc = subprocess.run([sys.executable, "-m", "xbridge", "run", f"{FIXTURE}:{program}", "--backend",
+                               args.backend, *spread, "--devices", str(args.devices), "--steps", str(steps),
+                               "--checkpoint-every",
                                str(every), "--checkpoint-dir", str(Path(folder) / "ckpt"), "--max-restarts", "1",
                                "--format", "json"], capture_output=True, text=True, env=env, cwd=ROOT)
         wall = time.perf_counter() - start
@@ -54,16 +59,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--kill-at", type=int, default=7)
     parser.add_argument("--intervals", default="2,4,8")
-    parser.add_argument("--out", default=str(HERE / "results" / "restarts"))
+    parser.add_argument("--backend", default="jax-cpu", help="jax-cpu (with --processes) or inductor-cpu (its ranks)")
+    parser.add_argument("--processes", type=int, default=2, help="jax: the processes of the job (1: inductor)")
+    parser.add_argument("--devices", type=int, default=2, help="devices per process (inductor: its ranks)")
+    parser.add_argument("--kill", default="1", help="the processes (or inductor ranks) killed, e.g. 2,3: a host of 2")
+    parser.add_argument("--name", default="restarts", help="the JSON file's name in --out")
     args = parser.parse_args()
     rows = []
-    print(f"on {cpu()}, {os.cpu_count()} cores; {args.program}, {args.steps} steps, process 1 killed at step "
-          f"{args.kill_at}", flush=True)
+    print(f"on {cpu()}, {os.cpu_count()} cores; {args.program} on {args.backend}, {args.processes} process(es) x "
+          f"{args.devices} devices, {args.steps} steps, process(es) {args.kill} killed at step {args.kill_at}",
+          flush=True)
     print(f"{'every':>6}{'whole s':>9}{'killed s':>10}{'cost s':>8}{'from':>6}{'redone':>8}{'step s':>8}"
           f"{'restart s':>11}{'same losses':>13}", flush=True)
     for every in [int(x) for x in args.intervals.split(",") if x.strip()]:
-        whole = one_job(args.program, args.steps, every, args.kill_at, "off")
-        killed = one_job(args.program, args.steps, every, args.kill_at, "once")
+        whole = one_job(args.program, args.steps, every, args.kill_at, "off", args)
+        killed = one_job(args.program, args.steps, every, args.kill_at, "once", args)
         row: dict = {"every": every, "whole": whole, "killed": killed}
         if "error" in whole or "error" in killed:
             row["error"] = whole.get("error") or killed.get("error")
@@ -81,10 +91,11 @@ def main() -> None:
               f"{str(row['same_losses']):>13}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"program": args.program, "steps": args.steps, "kill_at": args.kill_at, "machine": describe(),
+    record = {"program": args.program, "steps": args.steps, "kill_at": args.kill_at, "backend": args.backend,
+              "processes": args.processes, "devices": args.devices, "killed": args.kill, "machine": describe(),
               "rows": rows}
-    (out / "restarts.json").write_text(json.dumps(record, indent=2))
-    print(f"wrote {out / 'restarts.json'}")
+    (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
+    print(f"wrote {out / f'{args.name}.json'}")
 
 
 if __name__ == "__main__":

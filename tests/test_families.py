@@ -52,7 +52,9 @@ def test_an_operator_torch_xla_runs_on_the_cpu_is_named():
 @pytest.mark.slow
 @pytest.mark.cli
 @pytest.mark.parametrize("name,rng,noisy,targets", [
-    ("vit", "portable", "blocks.0.attn.qkv.bias", EVERY),      # timm's DropPath (an in-place bernoulli_) and dropout
+    # timm's DropPath (an in-place bernoulli_) and dropout; the key bias of either block (whichever's noise is the
+    # larger: blocks.0 on CI at stop 49, blocks.1 here on 2026-12-05)
+    ("vit", "portable", "attn.qkv.bias", EVERY),
     ("unet", "portable", "to_k.bias", "jax-cpu,xla-cpu"),      # DDPM: the noise and the timesteps drawn in the loss
     ("lstm", "native", None, EVERY),                           # nn.LSTM, tied decoder, gradient clipping
 ])
@@ -73,4 +75,6 @@ def test_a_family_passes_parity_across_the_targets(tmp_path, name, rng, noisy, t
         if noisy is None:
             assert row["max_param_dev"] <= row["param_limit"] == 1e-4 and not row.get("max_param_dev_note"), row
         elif row["max_param_dev"] > 1e-4:      # only a tensor with no true gradient may pass above the plain limit
-            assert noisy in row["max_param_dev_at"] and "true gradient ~0: key bias" in row["max_param_dev_note"], row
+            # named as a key bias where the quiet elements are exactly it; in the fused q/k/v bias some of the others are
+            # quiet too after 5 steps (50 of 96 in blocks.1 here), and the note then counts them
+            assert noisy in row["max_param_dev_at"] and "true gradient ~0" in row["max_param_dev_note"], row
