@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs into .venv first when needed (scripts/setup.sh).
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint clean
+.PHONY: setup run test test-extended test-all test-fast lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -13,6 +13,14 @@ run: setup
 # The whole suite, as CI runs it: lint and type check, then every test.
 test: setup lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked extended (docs/testing.md: each repeats a suite test at more devices, in another precision or on
+# another model; about 20 minutes on 2 cores), and everything at once.
+test-extended: setup
+	.venv/bin/python -m pytest -m extended $(PYTEST_ARGS)
+
+test-all: setup lint
+	.venv/bin/python -m pytest -m "" $(PYTEST_ARGS)
 
 # For iteration: the tests not marked slow (a few minutes).
 test-fast: setup

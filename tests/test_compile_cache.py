@@ -41,7 +41,7 @@ def _files(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("program,target,cache_name", [("gpt.py", "inductor-cpu", "inductor"),
+@pytest.mark.parametrize("program,target,cache_name", [("mlp.py", "inductor-cpu", "inductor"),
                                                        ("mlp.py", "jax-cpu", "jax")])
 def test_second_process_compiles_nothing_new(tmp_path, program, target, cache_name):
     cold = _run(program, target, tmp_path, "1")

@@ -55,8 +55,8 @@ def test_an_operator_torch_xla_runs_on_the_cpu_is_named():
     # timm's DropPath (an in-place bernoulli_) and dropout; the key bias of either block (whichever's noise is the
     # larger: blocks.0 on CI at stop 49, blocks.1 here on 2026-12-05)
     ("vit", "portable", "attn.qkv.bias", EVERY),
-    ("unet", "portable", "to_k.bias", "jax-cpu,xla-cpu"),      # DDPM: the noise and the timesteps drawn in the loss
-    ("lstm", "native", None, EVERY),                           # nn.LSTM, tied decoder, gradient clipping
+    pytest.param("unet", "portable", "to_k.bias", "jax-cpu,xla-cpu", marks=pytest.mark.extended),      # DDPM: the noise and the timesteps drawn in the loss
+    pytest.param("lstm", "native", None, EVERY, marks=pytest.mark.extended),   # nn.LSTM, tied decoder, gradient clipping
 ])
 def test_a_family_passes_parity_across_the_targets(tmp_path, name, rng, noisy, targets):
     """Unmodified timm and diffusers models (random init, small configs) and torch's recurrent layers train alike

@@ -38,6 +38,7 @@ def _across_hosts(per_host: int, args: list[str]) -> dict:
     return json.loads(outputs[0][0])
 
 
+@pytest.mark.extended
 def test_two_hosts_of_two_processes_match_one_process(tmp_path):
     """GSPMD. (Suite time: the same case under --sharding-mode shard_map passed in the full run of 2026-12-05 and
     left the suite then; shard_map across processes stays in tests/test_processes.py.)"""

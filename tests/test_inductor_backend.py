@@ -166,6 +166,7 @@ def test_a_worker_that_dies_or_hangs_is_named():
     assert "inductor rank 1 did not answer init within 20 s (XBRIDGE_DIST_TIMEOUT)" in error_line(proc)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_many_runs_in_one_process_stay_compiled():
     """A long-lived process (a notebook, this suite) runs one program on inductor again and again: each run compiles

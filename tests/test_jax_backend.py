@@ -85,8 +85,9 @@ def test_mlp_parity_matrix(mlp_program, precision, devices, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices,mode,precision", [(8, "gspmd", "fp32"), (8, "shard_map", "bf16-mixed"),
-                                                    (1, "shard_map", "fp32")])
+@pytest.mark.parametrize("devices,mode,precision", [pytest.param(8, "gspmd", "fp32", marks=pytest.mark.extended),
+                                                    (8, "shard_map", "bf16-mixed"),
+                                                    pytest.param(1, "shard_map", "fp32", marks=pytest.mark.extended)])
 def test_gpt_parity_and_shardings(gpt_program, precision, devices, mode):
     """The shipped GPT at full size, in-process so the live shardings can be read; 4 steps keep the suite inside
     its time budget (tests/test_parity.py runs the full program x precision x devices matrix through the CLI, and

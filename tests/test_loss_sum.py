@@ -87,6 +87,7 @@ def _parity(tmp_path, program, backends, devices="4"):
     return proc.returncode, {row["target"]: row for row in json.loads(proc.stdout)["targets"]}
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.cli
 def test_a_loss_sum_matches_at_four_devices_on_every_backend(tmp_path):

@@ -38,7 +38,8 @@ def _parity(tmp_path, program, *extra, steps="10"):
 # every backend (tests/test_parity.py); the Llama at 1 device left the suite on 2026-12-01 (every family passed
 # bf16-true by hand, 2026-11-30). The Llama in fp32 on every backend passed in the full run of 2026-12-05 and left the
 # suite then (fp32 decoders: the MoE here, GPT-2 in tests/test_parity.py, the scanned Llama in tests/test_scan.py).
-@pytest.mark.parametrize("name,precision", [("moe", "fp32"), ("resnet", "fp32"), ("llama", "bf16-mixed")])
+@pytest.mark.parametrize("name,precision", [pytest.param("moe", "fp32", marks=pytest.mark.extended), ("resnet", "fp32"),
+                                                 ("llama", "bf16-mixed")])
 def test_every_family_matches_the_reference_on_every_backend(tmp_path, name, precision):
     record = _parity(tmp_path, f"{ZOO}:{name}", "--backends", EVERY_BACKEND, "--precision", precision, steps="6")
     assert {r["target"] for r in record["targets"]} == set(EVERY_BACKEND.split(","))
@@ -80,6 +81,7 @@ def test_bert_with_its_default_dropout_matches_under_portable_randomness(tmp_pat
     assert record["rng"] == "portable"
 
 
+@pytest.mark.extended
 def test_bert_with_dropout_at_four_devices_on_shard_map(tmp_path):
     """The masked-LM BERT with its default dropout, its loss as xb.LossSum, at 4 devices on jax's shard_map, which
     takes the loss on each device's rows: the global batch's loss, and the same masks. (Suite time: inductor's 4

@@ -72,7 +72,7 @@ def test_parity_matrix(tmp_path, name, steps, precision, devices, targets):
         assert record["reference_fp32"]["status"] == "ok"
 
 
-@pytest.mark.parametrize("targets,precision", [("inductor-cpu,xla-cpu,jax-cpu", "bf16-true"),
+@pytest.mark.parametrize("targets,precision", [pytest.param("inductor-cpu,xla-cpu,jax-cpu", "bf16-true", marks=pytest.mark.extended),
                                                ("inductor-cpu", "fp16-mixed")])
 def test_low_precisions_beyond_the_matrix(tmp_path, targets, precision):
     """Every precision on every backend: the matrix above has fp32 and bf16-mixed; xla's fp16-mixed is in
@@ -128,6 +128,7 @@ def test_a_batch_wide_balance_loss_fails_where_devices_average_and_says_why(tmp_
     assert "the gradient of blocks.1.moe.router.weight" in local["cause"] and "per example" in local["cause"]
 
 
+@pytest.mark.extended
 def test_unmodified_hugging_face_gpt2(tmp_path):
     """transformers' GPT2LMHeadModel (tiny config, random init, tied embeddings), fsdp over 2 devices, 4 steps. (Suite
     time: with --bisect, which found no divergent module or gradient on any target, it passed in the full run of

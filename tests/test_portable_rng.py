@@ -448,7 +448,7 @@ def test_every_sampler_draws_eagers_numbers_on_torchax():
 # -- --rng native: one command run twice is one run, and a resume continues it (issue 43) -----------------------------
 @pytest.mark.slow
 @pytest.mark.cli
-@pytest.mark.parametrize("target", ["eager-cpu", "jax-cpu", "xla-cpu"])
+@pytest.mark.parametrize("target", ["eager-cpu", "jax-cpu", pytest.param("xla-cpu", marks=pytest.mark.extended)])
 def test_native_draws_come_from_the_programs_seed_and_resume_where_they_were(target, tmp_path):
     """torch seeds its generator from the operating system, torchax its key from torch's and torch_xla its device
     generator once per process: without the program's seed in each, two runs of one command drew other dropout masks

@@ -93,6 +93,7 @@ def test_xla_scans_the_layers_as_one_loop(tmp_path):
     np.testing.assert_allclose(losses_remat, reference, rtol=1e-5)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
     """The stacked parameters and Adam moments of a scanned xla run, split over model=2, are checkpointed under the
@@ -146,6 +147,7 @@ def test_xla_refuses_what_its_scan_gets_wrong(name, extra, message):
     assert proc.returncode == 2 and message in one_error_line(proc)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_an_unmodified_hf_llama_scanned_passes_parity_on_xla_and_jax_tensor_parallel(tmp_path):
     """Transformers' decoder layers take the mask, positions, position embeddings and a KV cache object besides the
@@ -232,6 +234,7 @@ def test_jax_holds_the_scanned_layers_stacked(tmp_path, tiny_gpt):
         np.testing.assert_allclose([s.loss for s in resumed.steps], reference[3:], rtol=2e-5, err_msg=first)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_scanned_and_recomputed_layers_pass_parity_in_bf16_mixed(tmp_path):
     """The scanned GPT with remat='full' on every compiling backend against eager's loop, in bf16-mixed: losses,

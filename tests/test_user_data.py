@@ -20,7 +20,7 @@ SOURCES = ["tokens", "arrays_npz", "arrays_safetensors", "arrays_npy", "arrays_m
 # loader is the core's), so two kinds run here: a token file with its evaluations and a torch Dataset; the in-memory
 # arrays (with evaluations) and the Hugging Face dataset passed on every backend in the full run of 2026-12-05 and
 # left the suite then.
-ON_EVERY_BACKEND = ["tokens", "torch_dataset"]
+ON_EVERY_BACKEND = ["tokens", pytest.param("torch_dataset", marks=pytest.mark.extended)]
 
 
 @pytest.fixture(scope="module")
