@@ -10,7 +10,8 @@ process 1 SIGKILLed when its data source is asked for step K's rows (tests/fixtu
 fetched while step K-1 runs) and ``--max-restarts 1``. Reported per interval: both wall times, their difference
 (what the kill cost the job), the step the restart resumed from and the steps redone (from the restarted job's
 record), the steady step time, and the restart itself: the difference less the redone steps at the steady step
-time (stopping the others, starting every process, joining, compiling, reading the checkpoint). Both runs must
+time (stopping the others, starting every process, joining, compiling, reading the checkpoint). An untimed
+uninterrupted job runs first, so that every timed one finds the compile caches warm. Both runs must
 give the same losses bit for bit (a restart that changed the training would make its timing meaningless). Prints a
 table, writes restarts.json.
 """
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2, help="devices per process (inductor: its ranks)")
     parser.add_argument("--kill", default="1", help="the processes (or inductor ranks) killed, e.g. 2,3: a host of 2")
     parser.add_argument("--name", default="restarts", help="the JSON file's name in --out")
+    parser.add_argument("--out", default=str(HERE / "results" / "restarts"))
     args = parser.parse_args()
     rows = []
     print(f"on {cpu()}, {os.cpu_count()} cores; {args.program} on {args.backend}, {args.processes} process(es) x "
@@ -71,7 +73,11 @@ def main() -> None:
           flush=True)
     print(f"{'every':>6}{'whole s':>9}{'killed s':>10}{'cost s':>8}{'from':>6}{'redone':>8}{'step s':>8}"
           f"{'restart s':>11}{'same losses':>13}", flush=True)
-    for every in [int(x) for x in args.intervals.split(",") if x.strip()]:
+    intervals = [int(x) for x in args.intervals.split(",") if x.strip()]
+    # one uninterrupted job first, not timed: it fills the compile caches, so every timed job starts warm (a
+    # restarted process finds what the first start compiled; a cold first job made a kill look cheaper)
+    one_job(args.program, args.steps, intervals[0], args.kill_at, "off", args)
+    for every in intervals:
         whole = one_job(args.program, args.steps, every, args.kill_at, "off", args)
         killed = one_job(args.program, args.steps, every, args.kill_at, "once", args)
         row: dict = {"every": every, "whole": whole, "killed": killed}
