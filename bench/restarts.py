@@ -1,7 +1,7 @@
 """Restarts (``--max-restarts``): what a killed process costs a job, by checkpoint interval.
 
     .venv/bin/python bench/restarts.py [--program gpt] [--steps 12] [--kill-at 7] [--intervals 2,4,8]
-                                       [--out bench/results/restarts]
+                                       [--name restarts] [--out bench/results/restarts]
     .venv/bin/python bench/restarts.py --processes 4 --devices 1 --kill 2,3 --name host     # a host of 2 lost
     .venv/bin/python bench/restarts.py --backend inductor-cpu --processes 1 --kill 1 --name inductor
 
@@ -13,7 +13,7 @@ record), the steady step time, and the restart itself: the difference less the r
 time (stopping the others, starting every process, joining, compiling, reading the checkpoint). An untimed
 uninterrupted job runs first, so that every timed one finds the compile caches warm. Both runs must
 give the same losses bit for bit (a restart that changed the training would make its timing meaningless). Prints a
-table, writes restarts.json.
+table, writes NAME.json (--name, default restarts) in --out.
 """
 
 from __future__ import annotations
