@@ -38,25 +38,27 @@ def _across_hosts(per_host: int, args: list[str]) -> dict:
     return json.loads(outputs[0][0])
 
 
-@pytest.mark.extended
-def test_two_hosts_of_two_processes_match_one_process(tmp_path):
-    """GSPMD. (Suite time: the same case under --sharding-mode shard_map passed in the full run of 2026-12-05 and
-    left the suite then; shard_map across processes stays in tests/test_processes.py.)"""
-    common = [GPT, "--backend", "jax-cpu", "--mesh", "data=-1,model=2"]
+@pytest.mark.parametrize("mode", ["gspmd", pytest.param("shard_map", marks=pytest.mark.extended)])
+def test_two_hosts_of_two_processes_match_one_process(tmp_path, mode):
+    """One 8-device mesh over 2 hosts x 2 processes x 2 devices, within the fp32 policy of eager on one process;
+    the sharded checkpoint both hosts wrote into one folder resumed on one host (eager, one process: the pieces
+    of 4 processes read back into one model). The shard_map case is in ``make test-extended`` (docs/testing.md)."""
     ckpt = tmp_path / "ckpt"
-    record = _across_hosts(2, [*common, "--devices", "2", "--steps", "3", "--checkpoint-dir", str(ckpt)])
+    record = _across_hosts(2, [GPT, "--backend", "jax-cpu", "--sharding-mode", mode, "--mesh", "data=-1,model=2",
+                               "--devices", "2", "--steps", "3", "--checkpoint-dir", str(ckpt)])
     assert record["processes"] == 4 and record["devices"] == 8 and record["mesh"] == {"data": 4, "model": 2}
-    one = run_cli("run", *common, "--devices", "8", "--steps", "4", "--format", "json")
+    # column-parallel over 'model': process 0's two devices each hold half the rows
+    assert record["layout"]["blocks.0.up.weight"]["shard_shapes"] == [[512, 256]] * 2
+    one = run_cli("run", GPT, "--backend", "eager-cpu", "--steps", "4", "--format", "json")
     assert one.returncode == 0, one.stderr[-3000:]
     single = [s["loss"] for s in json.loads(one.stdout)["steps"]]
     tol = policy.tolerance("fp32")
     losses = policy.loss_deviation(single[:3], [s["loss"] for s in record["steps"]], tol)
     assert losses.ok, losses
-    # the checkpoint both hosts wrote into one folder, resumed on one host (1 process, 2 devices): its step 3 is
-    # the 8-device run's
     (written,) = record["checkpoints"]
     assert written.endswith("step-00000003") and (ckpt / "step-00000003" / "COMMIT").exists()
-    resumed = run_cli("run", *common, "--devices", "2", "--steps", "4", "--resume", str(ckpt), "--format", "json")
+    resumed = run_cli("run", GPT, "--backend", "eager-cpu", "--steps", "4", "--resume", str(ckpt), "--format",
+                      "json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = json.loads(resumed.stdout)
     assert after["start_step"] == 3 and after["resumed_from"] == written

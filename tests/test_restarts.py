@@ -60,7 +60,6 @@ def test_after_the_restarts_it_allows_the_job_stops_with_one_line(tmp_path):
     assert line.endswith("(after 1 restart(s), the most --max-restarts 1 allows)"), line
 
 
-@pytest.mark.extended
 def test_a_killed_inductor_rank_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_path):
     """Inductor's rank 1 killed at step 6: restarted by xbridge's supervisor (the ranks xbridge starts, one
     supervised process), and by torchrun's own agent (torchrun --max-restarts, every rank resuming from the newest
