@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,11 @@ FAULT = str(FIXTURES / "restart_fault.py")
 
 
 def _run(tmp_path, name, fault, *extra):
+    temporary = tmp_path / f"{name}-tmp"       # the run's temporary folder (TMPDIR), to see what it leaves there
+    temporary.mkdir()
     proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "12",
                    "--checkpoint-dir", str(tmp_path / name), "--format", "json", *extra,
-                   env={"XBRIDGE_TEST_FAULT": fault}, timeout=600)
+                   env={"XBRIDGE_TEST_FAULT": fault, "TMPDIR": str(temporary)}, timeout=600)
     return proc
 
 
@@ -40,6 +43,12 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_p
     assert restart["process"] == 1 and restart["status"] == "was killed by SIGKILL" and restart["from_step"] == 4
     assert 1 <= restart["steps_redone"] <= 2 and restart["after_s"] > 0     # step 6 is fetched while step 5 runs
     assert got["resumed_from"].endswith("step-00000004") and want["restarts"] == []
+    # Nothing left in the temporary folder but the killed attempt's logs, which the restart's line names; the
+    # processes' own temporary files (process 1's scratch folder, torch's) are in there, not beside it.
+    assert [p.name for p in (tmp_path / "whole-tmp").iterdir()] == []
+    (kept,) = (tmp_path / "restarted-tmp").iterdir()
+    assert kept.name.startswith("xbridge-processes-") and f"(its log: {kept / 'process1.log'})" in restarted.stderr
+    assert any((kept / "tmp").glob("xbridge-process1-*")), sorted(p.name for p in (kept / "tmp").iterdir())
 
 
 @pytest.mark.extended
@@ -78,6 +87,7 @@ def test_a_killed_inductor_rank_restarts_the_job_from_its_checkpoint_bit_for_bit
     assert [s["step"] for s in got["steps"]] == list(range(12)) and [s["loss"] for s in got["steps"]] == want
     (restart,) = got["restarts"]
     assert (restart["process"], restart["status"], restart["from_step"]) == (1, "was killed by SIGKILL", 4)
+    assert Path(restart["message"].rpartition("its log: ")[2]).exists(), restart      # kept: the record names it
     torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                "2", "--max-restarts", "1", "-m", "xbridge", *common, "--checkpoint-dir",
                                str(tmp_path / "torchrun")], capture_output=True, text=True, cwd=ROOT, timeout=600,

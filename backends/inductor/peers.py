@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from xbridge.errors import RunError
-from xbridge.processes import describe_exit
+from xbridge.processes import describe_exit, temporary_folder
 
 from .rpc import rebuild_error, serve
 
@@ -67,7 +67,7 @@ class SpawnedPeers:
         parent, child = socket.socketpair()
         log = self.logs / f"rank{rank}.log"
         log_file = open(log, "w")
-        env = {**os.environ, "XBRIDGE_INDUCTOR_RANK": str(rank)}
+        env = {**os.environ, "XBRIDGE_INDUCTOR_RANK": str(rank), **temporary_folder(self.logs)}
         process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(child.fileno())],
                                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log_file,
                                    stderr=subprocess.STDOUT, env=env)

@@ -36,10 +36,10 @@ from .job import (
     wait_for_address,
 )
 from .restarts import earlier_steps, log_step, restarts, torchrun_attempt, torchrun_restarts, torchrun_resume
-from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start
+from .supervisor import GRACE_S, after_lost_peer, describe_exit, die_with_parent, free_port, start, temporary_folder
 
 __all__ = ["CHILD", "CLUSTER", "COORDINATOR", "COUNT", "GRACE_S", "HEARTBEAT", "INDEX", "JOIN_TIMEOUT", "TIMEOUT",
            "after_lost_peer", "beat", "beating", "describe_exit", "die_with_parent", "earlier_steps", "environment_job",
            "follower_outputs", "free_port", "is_joining", "join_timeout_s", "joined", "joining", "log_step",
-           "must_start", "parse", "restarts", "start", "this_process", "timeout_s", "torchrun_attempt",
-           "torchrun_restarts", "torchrun_resume", "under_torchrun", "wait_for_address"]
+           "must_start", "parse", "restarts", "start", "temporary_folder", "this_process", "timeout_s",
+           "torchrun_attempt", "torchrun_restarts", "torchrun_resume", "under_torchrun", "wait_for_address"]

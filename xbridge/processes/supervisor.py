@@ -157,7 +157,7 @@ def _attempt(count: int, argv: list[str], extra_env: dict[str, str]) -> tuple[in
     said_file = logs / "process0.error"
     code, said = _watch(count, argv, extra_env, address, limit, logs, said_file)
     own = said_file.read_text(encoding="utf-8").strip() if said_file.exists() else None
-    if not (said and "(its log: " in said):
+    if not any(line and str(logs) in line for line in (said, own)):    # a log an error line names is kept
         shutil.rmtree(logs, ignore_errors=True)
     return code, said, own or None
 
@@ -172,7 +172,8 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
         started = time.time()
         for index in range(count):
             joining = {COORDINATOR: address, COUNT: str(count), INDEX: str(index)} if count > 1 else {}
-            env = dict(os.environ, **joining, **{CHILD: "1", HEARTBEAT: str(beats[index])}, **extra_env)
+            env = dict(os.environ, **joining, **{CHILD: "1", HEARTBEAT: str(beats[index])}, **extra_env,
+                       **temporary_folder(logs))
             if index == 0:
                 env[ERROR_FILE] = str(said_file)
             else:
@@ -224,6 +225,16 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
         return 130, None
     finally:
         _kill(procs)
+
+
+def temporary_folder(logs: Path) -> dict[str, str]:
+    """The environment that gives a started process ``logs/tmp`` as its temporary folder (``TMPDIR``): what it and
+    the frameworks put there (a follower's scratch files, torch's own temporary modules) goes with the logs folder
+    when the job ends well, and stays beside the logs its error line names otherwise, where a process killed
+    before it could clean up would have left it in the system's temporary folder."""
+    folder = logs / "tmp"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return {"TMPDIR": str(folder)}
 
 
 def die_with_parent() -> None:
