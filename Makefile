@@ -15,7 +15,7 @@ test: setup lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 # The tests marked extended (docs/testing.md: each repeats a suite test at more devices, in another precision or on
-# another model; about 15 minutes on 2 cores), and everything at once.
+# another model; about 11 minutes on 2 cores), and everything at once.
 test-extended: setup
 	.venv/bin/python -m pytest -m extended $(PYTEST_ARGS)
 
