@@ -170,10 +170,10 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
     procs: list[subprocess.Popen] = []
     try:
         started = time.time()
+        temporary = temporary_folder(logs)
         for index in range(count):
             joining = {COORDINATOR: address, COUNT: str(count), INDEX: str(index)} if count > 1 else {}
-            env = dict(os.environ, **joining, **{CHILD: "1", HEARTBEAT: str(beats[index])}, **extra_env,
-                       **temporary_folder(logs))
+            env = dict(os.environ, **joining, **{CHILD: "1", HEARTBEAT: str(beats[index])}, **extra_env, **temporary)
             if index == 0:
                 env[ERROR_FILE] = str(said_file)
             else:
