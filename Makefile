@@ -10,21 +10,22 @@ setup:
 run: setup
 	.venv/bin/xbridge compare programs/gpt.py --steps 20 --out out/compare-gpt
 
-# The whole suite, as CI runs it: lint and type check, then every test.
+# The whole suite, as CI runs it: lint and type check, then every test (scripts/test.sh: on a worker per core, then
+# the tests marked serial alone).
 test: setup lint
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	bash scripts/test.sh $(PYTEST_ARGS)
 
 # The tests marked extended (docs/testing.md: each repeats a suite test at more devices, in another precision or on
 # another model; about 11 minutes on 2 cores), and everything at once.
 test-extended: setup
-	.venv/bin/python -m pytest -m extended $(PYTEST_ARGS)
+	XBRIDGE_TEST_MARKS=extended bash scripts/test.sh $(PYTEST_ARGS)
 
 test-all: setup lint
-	.venv/bin/python -m pytest -m "" $(PYTEST_ARGS)
+	XBRIDGE_TEST_MARKS="extended or not extended" bash scripts/test.sh $(PYTEST_ARGS)
 
-# For iteration: the tests not marked slow (a few minutes).
+# For iteration: the tests not marked slow (under 3 minutes).
 test-fast: setup
-	.venv/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	XBRIDGE_TEST_MARKS="not slow and not extended" bash scripts/test.sh $(PYTEST_ARGS)
 
 # ruff (lint and import order) and mypy over the package, as CI runs them.
 lint: setup

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +17,13 @@ from helpers import PROGRAMS
 # ~/.cache), and the frameworks' own cache variables do not send anything elsewhere. XBRIDGE_TEST_CACHE_DIR keeps a
 # folder across sessions while iterating. Subprocesses inherit this environment; it holds no XLA_FLAGS of ours, so
 # CLI tests take the user's path (`--devices N` alone).
-_OWN_CACHE = "XBRIDGE_TEST_CACHE_DIR" not in os.environ
-os.environ["XBRIDGE_CACHE_DIR"] = os.environ.get("XBRIDGE_TEST_CACHE_DIR") or tempfile.mkdtemp(
-    prefix="xbridge-test-cache-")
+# Under pytest-xdist (make test: scripts/test.sh) the workers inherit the folder the controlling process made here,
+# so what one worker compiled another loads; the controller alone removes it at the end.
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_OWN_CACHE = "XBRIDGE_TEST_CACHE_DIR" not in os.environ and not _WORKER
+if not _WORKER:
+    os.environ["XBRIDGE_CACHE_DIR"] = os.environ.get("XBRIDGE_TEST_CACHE_DIR") or tempfile.mkdtemp(
+        prefix="xbridge-test-cache-")
 for _name in ("TORCHINDUCTOR_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR"):
     os.environ.pop(_name, None)
 # Hugging Face datasets (the Records tests) caches under the same folder and never reaches for the network
@@ -69,3 +75,19 @@ def tiny_gpt(gpt_program):
         data=xb.data.ByteText.python_stdlib(seq_len=33, batch_size=8),
         optimizer=xb.AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, schedule=xb.WarmupCosine(3, 50)),
     )
+
+
+# Each test's seconds in the last full serial run (bench/suite_time.py --durations, docs/testing.md): a test measured
+# over SLOW_S is slow whether or not it says so (make test-fast leaves it out), and pytest-xdist's workers get the
+# longest tests first. A test not in the file keeps its own markers and counts as 0 s.
+DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
+SLOW_S = 2.0
+
+
+@pytest.hookimpl(tryfirst=True)     # before -m deselects by the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if DURATIONS.get(item.nodeid, 0.0) > SLOW_S and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    if _WORKER:     # every worker sorts alike, as xdist requires: the same collection everywhere
+        items.sort(key=lambda item: -DURATIONS.get(item.nodeid, 0.0))

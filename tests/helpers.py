@@ -34,6 +34,38 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env=full_env, cwd=cwd or ROOT, timeout=timeout)
 
 
+def xbridge_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``xbridge ARGS`` through the command's own entry point (``xbridge.cli.main``, what the console script calls)
+    in this process: the same parsing, checks, records and error lines as :func:`run_cli`, without a new
+    interpreter's start (torch's import alone is 2 s, torch_xla's 6). For what needs no process of its own: eager
+    runs, inspect, check, the errors before compute. :func:`run_cli` keeps the boundary where the process is the
+    point (the console script, a framework runtime's device count, signals, several processes). Output written by
+    the frameworks' C++ code straight to file descriptor 2 is not captured here."""
+    import contextlib
+    import io
+
+    from xbridge.cli import main
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update({"XBRIDGE_DEBUG": "0", **(env or {})})
+    sys.argv = ["xbridge", *args]
+    try:
+        os.chdir(cwd or ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
     """The single ``error:`` line a bad input must produce (and nothing that looks like a traceback)."""
     assert "Traceback" not in proc.stderr, proc.stderr

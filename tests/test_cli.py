@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from helpers import PROGRAMS, run_cli
+from helpers import PROGRAMS, run_cli, xbridge_here
 
 pytestmark = pytest.mark.cli
 MLP = str(PROGRAMS / "mlp.py")
@@ -51,17 +51,18 @@ def test_backends_table_and_json():
 
 
 def test_inspect_prints_plan_and_flops():
-    proc = run_cli("inspect", str(PROGRAMS / "gpt.py"), "--devices", "8", "--format", "json")
+    """In this process (the command's entry point; the installed command itself: the tests above and below)."""
+    proc = xbridge_here("inspect", str(PROGRAMS / "gpt.py"), "--devices", "8", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["plan"]["mesh"] == {"data": 8, "model": 1} and info["plan"]["total_params"] == 3_346_944
     assert info["flops_per_step"] > 6 * 3_000_000 * 16 * 256          # at least 6 * weights * tokens
     names = [p["name"] for p in info["plan"]["params"]]
     assert "blocks.0.q.weight" in names and "head.weight" in names
-    tp = json.loads(run_cli("inspect", MLP, "--devices", "8", "--mesh", "data=-1,model=2", "--format", "json").stdout)
+    tp = json.loads(xbridge_here("inspect", MLP, "--devices", "8", "--mesh", "data=-1,model=2", "--format", "json").stdout)
     fc1 = next(p for p in tp["plan"]["params"] if p["name"] == "fc1.weight")
     assert tp["plan"]["mesh"] == {"data": 4, "model": 2} and fc1["shard_shape"] == [128, 64]
-    human = run_cli("inspect", MLP, "--devices", "1")
+    human = xbridge_here("inspect", MLP, "--devices", "1")
     assert human.returncode == 0
     for fragment in ("parameters: 85,002", "GFLOP", "sharding plan", "fc1.weight", "fc1\\.(weight|bias)"):
         assert fragment in human.stdout, fragment

@@ -116,6 +116,7 @@ def test_compare_every_available_target(tmp_path):
     assert page.read_text() == "no markers\n"
 
 
+@pytest.mark.serial      # a hang detected within seconds: alone, after the rest (scripts/test.sh)
 def test_a_killed_and_a_hanging_target_do_not_lose_the_others(tmp_path, monkeypatch):
     proc = run_cli("compare", str(ROOT / "tests" / "fixtures" / "faulty.py"), "--backends", "jax-cpu,xla-cpu",
                    "--steps", "4", "--warmup", "1", "--timeout", "20", "--out", str(tmp_path), "--format", "json")

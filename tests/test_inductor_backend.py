@@ -154,6 +154,7 @@ def test_four_processes_under_torchrun_and_checkpoints_across_process_counts(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.serial      # a hang detected within seconds: alone, after the rest (scripts/test.sh)
 def test_a_worker_that_dies_or_hangs_is_named():
     proc = run_cli("run", FAULT, "--backend", "inductor-cpu", "--devices", "2", "--steps", "3",
                    env={"XBRIDGE_TEST_FAULT": "die-step"})

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import FIXTURES, PROGRAMS, run_cli
+from helpers import FIXTURES, PROGRAMS, xbridge_here
 from xbridge.data.source import checked_batch
 from xbridge.program_file import load_program
 from xbridge.torch import memory_estimate, remat
@@ -50,7 +50,7 @@ def test_the_estimate_is_what_an_eager_step_keeps(name, choice):
 
 
 def _inspect(*args):
-    proc = run_cli("inspect", *args, "--format", "json")
+    proc = xbridge_here("inspect", *args, "--format", "json")     # the command in this process: no start-up
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 

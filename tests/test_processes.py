@@ -49,6 +49,7 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, name
     assert params.ok, (target, params)
 
 
+@pytest.mark.serial      # a hang detected within seconds: alone, after the rest (scripts/test.sh)
 def test_a_process_that_dies_or_hangs_is_named_and_the_others_are_stopped():
     """tests/fixtures/process_fault.py: process 1's data source exits with code 7, or sleeps, at step 2."""
     fault = str(FIXTURES / "process_fault.py")
