@@ -106,8 +106,14 @@ def custom_functions() -> Iterator[None]:
     from . import custom_functions as routed
 
     owner = torch.autograd.Function
-    original = owner.__dict__["apply"]      # the classmethod object (getattr would give a bound method)
-    owner.apply = classmethod(routed.routed_apply(original.__func__))    # type: ignore[assignment,method-assign]
+    original = owner.__dict__["apply"]      # the descriptor itself (getattr would give a bound method)
+
+    def torch_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        # bound through the descriptor: a Python classmethod up to torch 2.13, a C classmethod descriptor
+        # (_C._FunctionBase.__dict__["apply"], no __func__) from torch 2.14 on; __get__ binds either to cls
+        return original.__get__(None, cls)(*args, **kwargs)
+
+    owner.apply = classmethod(routed.routed_apply(torch_apply))    # type: ignore[assignment,method-assign]
     try:
         yield
     finally:
