@@ -1,6 +1,6 @@
 """The bad-input corpus: program files, flags, meshes, sharding rules, precisions, targets and checkpoints.
 
-Each case runs the command (its entry point, in this process: see ``_xbridge``) and asserts the exit code, exactly one ``error:`` line naming the thing at fault,
+Each case runs the command (its entry point, in this process: ``helpers.xbridge_here``) and asserts the exit code, exactly one ``error:`` line naming the thing at fault,
 no traceback, nothing on stdout, and that no file that existed before (a workspace holding checkpoints, results
 and user files, and the test fixtures) was changed, removed or added to.
 """
@@ -10,13 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line
+from helpers import PROGRAMS, ROOT, one_error_line, xbridge_here
 
 pytestmark = pytest.mark.cli
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -138,24 +136,6 @@ def _data_files(ws):
     finally:
         os.chdir(cwd)
     rng.integers(0, 256, 4096).astype(np.uint16).tofile(ws / "tokens.bin")   # same size, new content
-
-
-def _xbridge(args, cwd, monkeypatch, capsys):
-    """``xbridge ARGS`` through the command's own entry point (``xbridge.cli.main``, what the console script calls)
-    in this process, from ``cwd``: the same parsing, checks and error lines as a fresh interpreter, without its
-    start-up (torch's import) per case. tests/test_cli.py runs the installed command itself."""
-    from xbridge.cli import main
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("XBRIDGE_DEBUG", "0")
-    monkeypatch.setattr(sys, "argv", ["xbridge", *args])
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def snapshot(*roots):
@@ -323,9 +303,9 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
 
 
 @pytest.mark.parametrize("args,fragment", BAD_INPUTS, ids=[f"{i:02d}-{a[-1][-24:]}" for i, (a, _) in enumerate(BAD_INPUTS)])
-def test_bad_input_one_line_exit_2_nothing_changed(args, fragment, workspace, monkeypatch, capsys):
+def test_bad_input_one_line_exit_2_nothing_changed(args, fragment, workspace):
     before = snapshot(workspace, FIXTURES)
-    proc = _xbridge([a.replace("{ws}", str(workspace)) for a in args], workspace, monkeypatch, capsys)
+    proc = xbridge_here(*[a.replace("{ws}", str(workspace)) for a in args], cwd=workspace)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     line = one_error_line(proc)
     assert fragment.replace("{ws}", str(workspace)) in line, line
