@@ -1,40 +1,45 @@
 #!/usr/bin/env bash
-# Install xbridge with every backend into a local virtual environment (.venv by default).
-#
-# Order matters (docs/architecture.md, "Installing"): the torch_xla wheel carries an old copy of `torchax` that
-# overwrites the real one if both come in one pip command, so torchax is installed last, alone, with --no-deps.
-# A stamp file keyed on this script and pyproject.toml makes a second call a no-op.
+# Install xbridge into its two environments (docs/environments.md):
+#   .venv      Python 3.12: today's torch, jax and torchax; the eager, inductor and jax targets, TPU compilation
+#   .venv-xla  Python 3.11: torch 2.9.0 and torch_xla 2.9.0 (its last release, wheels for 3.11 only); the xla targets
+# and tells the first about the second (`xbridge environments add xla ...`), so that run, parity, compare, check and
+# compile start an xla target in .venv-xla's interpreter. A stamp file keyed on this script and pyproject.toml makes
+# a second call a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${XBRIDGE_VENV:-.venv}"
-TORCHAX="torchax==0.0.13"   # the torchax release that imports on torch 2.9 (0.0.13 breaks on torch >= 2.13)
+XLA_VENV="${XBRIDGE_XLA_VENV:-.venv-xla}"
+stamp_name=".xbridge-installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  PY="$(command -v python3.11 || command -v python3 || true)"
-fi
-if [ -z "$PY" ] || ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-  echo "error: xbridge needs Python 3.11 (torch_xla 2.9 wheels exist for it); set PYTHON=/path/to/python3.11" >&2
-  exit 2
-fi
+# python_for VERSION: $PYTHON<VERSION without the dot> if set, else pythonVERSION on PATH (pyenv's shim runs it only
+# where pyenv selects that version, so pyenv's own copy is tried next).
+python_for() {
+  local version="$1" var="PYTHON${1/./}" candidate
+  if [ -n "${!var:-}" ]; then echo "${!var}"; return; fi
+  for candidate in "$(command -v "python$version" || true)" \
+                   $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)/versions/$version".*/bin/"python$version" 2>/dev/null | sort -V -r); do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys' 2>/dev/null; then echo "$candidate"; return; fi
+  done
+  echo "error: xbridge's setup needs Python $version (no python$version found; set $var=/path/to/python$version)" >&2
+  exit 1
+}
 
-stamp="$VENV/.xbridge-installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
-if [ -f "$stamp" ] && "$VENV/bin/python" -c 'import xbridge' 2>/dev/null; then
-  exit 0
-fi
+# install VENV PYTHON EXTRAS: a virtual environment with xbridge (editable) and EXTRAS, unless its stamp is there
+install() {
+  local venv="$1" py="$2" extras="$3"
+  if [ -f "$venv/$stamp_name" ] && "$venv/bin/python" -c 'import xbridge' 2>/dev/null; then
+    return
+  fi
+  echo "== xbridge setup: $venv with $("$py" --version) and .[$extras]"
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+  rm -f "$venv"/.xbridge-installed-*
+  touch "$venv/$stamp_name"
+}
 
-echo "== xbridge setup: creating $VENV with $("$PY" --version) (about 3 GB to download on a fresh machine)"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e ".[all,test,tpu-compile]"   # tpu-compile: libtpu, ~155 MB
-"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$TORCHAX"
-PJRT_DEVICE=CPU "$VENV/bin/python" - <<'PY'
-import importlib
-for name in ("torch", "torch_xla", "jax", "optax", "torchax", "libtpu", "xbridge"):
-    module = importlib.import_module(name)
-    print(f"   {name:10s} {getattr(module, '__version__', '?')}")
-PY
-rm -f "$VENV"/.xbridge-installed-*
-touch "$stamp"
-echo "== xbridge setup: done"
+install "$VENV" "$(python_for 3.12)" "all,test,tpu-compile"
+install "$XLA_VENV" "$(python_for 3.11)" "xla,test,tpu-compile"
+"$VENV/bin/xbridge" environments add xla "$XLA_VENV/bin/python" >/dev/null
+"$VENV/bin/xbridge" environments

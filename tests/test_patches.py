@@ -156,15 +156,21 @@ def test_a_version_other_than_the_pin_is_one_line_naming_the_patch(monkeypatch):
             apply()
         message = str(caught.value)
         assert "\n" not in message and caught.value.exit_code == 1
-        assert message == (f"xbridge's patch of {patch.name} is written for {patch.dist} {patch.pinned} (pinned in "
-                           f"pyproject.toml), but {patch.dist} 9.9.9 is installed here; install "
-                           f"{patch.dist}=={patch.pinned}")
-    with pytest.raises(RunError, match="patch of torch_xla.experimental.scan._scan_impl_pytree .* torch_xla 2.9.0 "):
+        assert message == (f"xbridge's patch of {patch.name} is written for {patch.dist} {patch.supported} "
+                           f"(pyproject.toml), but {patch.dist} 9.9.9 is installed here; install a {patch.dist} in "
+                           "that range")
+    with pytest.raises(RunError, match="patch of torch_xla.experimental.scan._scan_impl_pytree .* torch_xla ==2.9.0 "):
         monkeypatch.setattr(shared, "installed_version", lambda dist: "2.9.0" if dist == "torch" else "2.8.1")
         xlaspmd.apply(True)
     monkeypatch.setattr(shared, "installed_version", lambda dist: None)
-    with pytest.raises(RunError, match=r"but torch is not installed here; install torch==2.9.0$"):
+    with pytest.raises(RunError, match=r"but torch is not installed here; install a torch in that range$"):
         inductor.apply()
-    # a local build label is the same release (CUDA wheels: 2.9.0+cu128)
-    monkeypatch.setattr(shared, "installed_version", lambda dist: "2.9.0+cu128")
-    shared.check(shared.RANDOM_FACTORIES)
+    # a local build label is the same release (CUDA wheels: 2.9.0+cu128, 2.14.1+cu130); both ends of the range pass
+    for version in ("2.9.0+cu128", "2.14.1+cu130", "2.15.0"):
+        monkeypatch.setattr(shared, "installed_version", lambda dist, v=version: v)
+        shared.check(shared.RANDOM_FACTORIES)
+    monkeypatch.setattr(shared, "installed_version", lambda dist: "2.8.0")
+    with pytest.raises(RunError, match=r"written for torch >=2.9,<2.16 \(pyproject.toml\), but torch 2.8.0 is installed"):
+        shared.check(shared.RANDOM_FACTORIES)
+    monkeypatch.setattr(shared, "installed_version", lambda dist: "0.0.14.dev20261026")
+    shared.check(jaxjit.AUTOCAST)

@@ -24,13 +24,13 @@ def _rows(rows: np.ndarray, step: int) -> torch.Tensor:
 
 def test_threefry_is_jaxs_threefry_bit_for_bit():
     jax = pytest.importorskip("jax")
-    from jax._src import prng
+    from jax.extend.random import threefry_2x32
 
     rng = np.random.default_rng(0)
     for _ in range(3):
         key = rng.integers(0, 2 ** 32, size=2, dtype=np.uint64)
         c0, c1 = rng.integers(0, 2 ** 32, size=(2, 1000), dtype=np.uint64).astype(np.uint32)
-        expected = np.asarray(prng.threefry_2x32(jax.numpy.asarray(key.astype(np.uint32)),
+        expected = np.asarray(threefry_2x32(jax.numpy.asarray(key.astype(np.uint32)),
                                                  jax.numpy.asarray(np.concatenate([c0, c1]))))
         got = threefry2x32((int(key[0]), int(key[1])), torch.from_numpy(c0.view(np.int32)),
                            torch.from_numpy(c1.view(np.int32)))

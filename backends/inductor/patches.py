@@ -1,5 +1,5 @@
-"""What the inductor stack changes in torch's private API (pinned: torch 2.9.0; xbridge/torch/patches.py states the
-rule, holds the version guard and the torch patch every torch stack shares). :func:`skip_vec_isa_probe` and
+"""What the inductor stack changes in torch's private API (written for torch 2.9 to 2.15; xbridge/torch/patches.py
+states the rule, holds the version guard and the torch patch every torch stack shares). :func:`skip_vec_isa_probe` and
 :func:`debug_trace` run from ``InductorBackend.configure()``, :func:`apply` from ``InductorBackend.lower()``;
 :func:`undo` puts back the settings.
 

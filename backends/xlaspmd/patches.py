@@ -1,4 +1,4 @@
-"""What the xla stack changes in torch_xla's private API (pinned: torch_xla 2.9.0; xbridge/torch/patches.py states
+"""What the xla stack changes in torch_xla's private API (written for torch_xla 2.9.0; xbridge/torch/patches.py states
 the rule and holds the version guard). :func:`apply` runs from ``XlaBackend.lower()``; :func:`undo` puts back what
 it changed. (xbridge's XLA kernels, backends/xlaspmd/ops.py and autocast.py, go through the public
 ``torch.library``: no patch.)

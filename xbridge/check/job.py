@@ -30,12 +30,12 @@ _OPERATOR_WHY = {
 
 @dataclass
 class CheckOptions:
-    targets: list[str] | None = None    # None: every target available here
+    targets: list[str] | None = None    # None: every target available here or in an environment
     devices: int = 1
 
 
 def default_targets() -> list[str]:
-    return [row["target"] for row in registry.describe() if row["available"]]
+    return [row["target"] for row in registry.describe() if row["available"]]      # here (the CLI adds elsewhere)
 
 
 def _backend(target: str) -> tuple[str, Backend | str]:
@@ -113,7 +113,7 @@ def check(program: Program, options: CheckOptions) -> CheckRecord:
     from ..planner import plan
     from ..torch.op_census import census
 
-    targets = options.targets or default_targets()
+    targets = options.targets if options.targets is not None else default_targets()
     the_plan = plan(program, options.devices)
     batch = checked_batch(program.data, 0, program.seed)
     found = census(program, batch)

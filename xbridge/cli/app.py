@@ -20,6 +20,7 @@ from ..errors import XBridgeError
 from . import run_command
 from .backend_flags import WithBackendOptions
 from .compile_command import compile_command
+from .environment_command import environments
 from .info_commands import backends, cache, check, inspect
 from .run_command import run
 from .target_commands import compare, parity
@@ -45,6 +46,7 @@ app.command("compile", context_settings={"ignore_unknown_options": True, "allow_
 app.command(epilog="Example: xbridge check programs/gpt.py --backends jax-cpu,xla-cpu,inductor-cpu,jax-tpu")(check)
 app.command(epilog="Example: xbridge cache --clear inductor")(cache)
 app.command(epilog="Example: xbridge backends --format json")(backends)
+app.command(epilog="Example: xbridge environments add torch29 /opt/torch29/bin/python")(environments)
 app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")(inspect)
 
 

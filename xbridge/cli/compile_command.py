@@ -42,7 +42,10 @@ def compile_command(
     whether it fits, FLOPs, collectives, a roofline step-time bound and the MFU ceiling (estimates). Backend
     options (e.g. --sharding-mode) as for run."""
     from ..aot.environment import prepare_process
+    from .environment_command import run_elsewhere
+    from .run_command import COMMAND_LINE
 
+    run_elsewhere(COMMAND_LINE, backend)   # xla-tpu: where torch_xla is installed
     prepare_process()           # before anything imports jax
     from ..aot.compile import compile_program
     from ..aot.topology import parse_topology

@@ -32,11 +32,12 @@ def cache(
 
 
 def backends(format: Format = FORMAT) -> None:
-    """List every known target: available here, or the reason it is not; versions and device counts."""
-    from ..contract.registry import describe
+    """List every known target: where it runs (here, or an environment: xbridge environments) or why it cannot; versions
+    and device counts."""
+    from ..environments import describe_all
     from .tables import print_backends
 
-    rows = describe()
+    rows = describe_all()
     emit(rows, format, print_backends)
 
 
@@ -79,11 +80,23 @@ def check(
     """Say, without training, where the program will run and why not: every operator of its step against each
     stack's tables, the constructs that change behaviour on some stack, sharding and memory per device; a verdict
     per target. Exit 0 with the report."""
+    from ..check.elsewhere import check_there, where
     from ..check.job import CheckOptions
     from ..check.job import check as check_job
+    from ..environments import available_targets
     from .tables import print_check
     from .target_commands import target_list
 
     prog = load_with_overrides(program, precision, mesh=mesh, rng=rng)
-    record = check_job(prog, CheckOptions(targets=target_list(backends), devices=devices))
+    targets = target_list(backends) or available_targets()
+    places = {entry: where(entry) for entry in targets}
+    record = check_job(prog, CheckOptions(targets=[name for env, name in places.values() if env is None],
+                                          devices=devices))
+    flags = ["--devices", str(devices)] + [arg for flag, value in (("--mesh", mesh), ("--precision", precision),
+                                                                   ("--rng", rng)) if value for arg in (flag, value)]
+    for env in dict.fromkeys(env for env, _ in places.values() if env is not None):
+        record.targets += check_there(env, program, {e: name for e, (there, name) in places.items() if there == env},
+                                      flags)
+    order = {entry: i for i, entry in enumerate(targets)}
+    record.targets.sort(key=lambda row: order.get(row.target, len(order)))
     emit(record, format, print_check)

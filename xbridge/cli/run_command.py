@@ -73,6 +73,9 @@ def run(
     are listed at the end of this help."""
     from .. import processes as job
     from ..run.loop import RunOptions
+    from .environment_command import run_elsewhere
+
+    run_elsewhere(COMMAND_LINE, backend)     # a target only another environment runs runs there (same command)
     from ..run.loop import run as run_program
     from .progress import progress_bar
     from .tables import print_run

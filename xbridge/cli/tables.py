@@ -11,6 +11,8 @@ from rich.table import Table
 
 from ..check.record import CheckRecord
 from ..compare.record import CompareRecord
+from ..compare.versions import describe as describe_pair
+from ..compare.versions import frameworks_text
 from ..parity.record import ParityRecord
 from ..run.record import RunRecord
 
@@ -92,12 +94,24 @@ def print_profile(profile: dict[str, Any], top: int = 5) -> None:
 
 def print_backends(rows: list[dict[str, Any]]) -> None:
     table = Table(title="xbridge targets")
-    for col in ("target", "status", "devices", "versions / reason"):
+    for col in ("target", "environment", "status", "devices", "versions / reason"):
         table.add_column(col)
     for row in rows:
         detail = ", ".join(f"{k} {v}" for k, v in row["versions"].items()) if row["available"] else row["reason"]
-        table.add_row(row["target"], "[green]available[/]" if row["available"] else "[red]unavailable[/]",
+        table.add_row(row["target"], row.get("environment", "here"),
+                      "[green]available[/]" if row["available"] else "[red]unavailable[/]",
                       "any (virtual)" if row["devices"] is None else str(row["devices"]), escape(detail or ""))
+    console.print(table)
+
+
+def print_environments(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="xbridge environments (a target runs here when it can, else in the first that can; "
+                        "TARGET@NAME picks one)")
+    for col in ("name", "python", "frameworks", "targets"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["name"], escape(f"{row['python']} ({row['python_version']})"),
+                      ", ".join(f"{k} {v}" for k, v in row["frameworks"].items()), ", ".join(row["targets"]))
     console.print(table)
 
 
@@ -137,7 +151,8 @@ def print_compare(record: CompareRecord) -> None:
                         f"({record.options.warmup} warm-up), {record.flops_per_step / 1e9:.2f} GFLOP/step, "
                         f"config {record.config_hash}")
     columns: tuple[str, ...] = ("target", "status", "compile s (cache)", "step ms (p10-p90)", "samples/s", "tokens/s",
-                                "TFLOP/s", "MFU", "peak RSS", "recompiles", "attention", "final loss", "max loss dev")
+                                "TFLOP/s", "MFU", "peak RSS", "recompiles", "attention", "final loss", "max loss dev",
+                                "frameworks")
     evaluates = any(row.metrics is not None and row.metrics.eval_loss is not None for row in record.targets)
     if evaluates:
         columns = (*columns, "eval loss")
@@ -156,9 +171,11 @@ def print_compare(record: CompareRecord) -> None:
                       f"{m.step_ms_median:.1f} ({m.step_ms_p10:.1f}-{m.step_ms_p90:.1f})",
                       f"{m.samples_per_s:.1f}", f"{m.tokens_per_s:.0f}", f"{m.achieved_tflops:.3f}",
                       f"{100 * m.mfu:.1f}%", _bytes(m.peak_host_rss_mib * 2 ** 20), str(m.recompiles),
-                      escape(m.attention or "unknown"), f"{m.final_loss:.4f}", dev_text,
+                      escape(m.attention or "unknown"), f"{m.final_loss:.4f}", dev_text, frameworks_text(row),
                       *([f"{m.eval_loss:.4f}" if m.eval_loss is not None else "-"] if evaluates else []))
     console.print(table)
+    for pair in record.version_pairs:
+        console.print(("" if pair.matches else "[red]") + escape(describe_pair(pair)) + ("" if pair.matches else "[/]"))
     for row in record.targets:       # in full: a table cell cuts a long error short
         if row.status != "ok":
             console.print(f"[red]{escape(row.target)}: {row.status}[/]: {escape(row.error_line)}")
@@ -194,6 +211,12 @@ def print_estimates(record: CompareRecord) -> None:
     console.print(table)
 
 
+def _stack(versions: dict[str, str] | None) -> str:
+    """The framework versions a target ran on, short (torch 2.14.1, jax 0.12.1)."""
+    names = ("torch", "torch_xla", "jax", "torchax")
+    return ", ".join(f"{k} {versions[k].split('+', 1)[0]}" for k in names if k in (versions or {}))
+
+
 def print_parity(record: ParityRecord) -> None:
     tol = record.tolerance
     table = Table(title=f"parity of {escape(record.program)} ({record.precision}, {record.steps} steps, "
@@ -202,6 +225,9 @@ def print_parity(record: ParityRecord) -> None:
                         f"loss {tol.loss_rtol:g}, params {tol.param_rtol:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
     checks = [r.check for r in record.targets if r.check is not None]
+    stacks = {_stack(r.versions) for r in record.targets if r.versions} | {_stack(record.reference.versions)}
+    if len(stacks - {""}) > 1:       # targets ran on different framework versions (environments): say which
+        columns.append("frameworks")
     evals = any(c.max_eval_loss_dev is not None for c in checks)
     if evals:
         columns.append("max eval loss dev")
@@ -231,6 +257,8 @@ def print_parity(record: ParityRecord) -> None:
                  f"{c.max_param_dev:.2e} ({escape(c.max_param_dev_at)})"
                  + (f", limit {c.param_limit:.2g}" if c.param_limit > tol.param_rtol else "")
                  + (f": {escape(c.param_note)}" if c.param_note else "")]
+        if "frameworks" in columns:
+            cells.append(_stack(r.versions))
         if evals:
             cells.append(f"{c.max_eval_loss_dev:.2e} ({c.max_eval_loss_dev_at})" if c.max_eval_loss_dev is not None
                          else "-")
@@ -250,6 +278,8 @@ def print_parity(record: ParityRecord) -> None:
                                  else ""))
         table.add_row(*cells)
     console.print(table)
+    if "frameworks" in columns:
+        console.print(f"reference {record.reference.target}: {_stack(record.reference.versions)}")
     for r in record.targets:
         if r.cause:
             console.print(f"{escape(r.target)}: [red]FAIL[/] because {escape(r.cause)}")

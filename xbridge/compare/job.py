@@ -112,6 +112,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     from ..run.summary import machine
     from .estimates import compile_only, estimate
     from .flops import flops_per_step
+    from .versions import version_pairs
 
     reference = resolve_reference(options.reference)
     compiled = compile_only(options.targets or [], options.topology)
@@ -142,6 +143,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), options=options, flops_per_step=flops,
         reference=reference, loss_limit=policy.tolerance(program.precision).loss_rtol,
         provenance=provenance(program), targets=rows, estimates=estimates)
+    record.version_pairs = version_pairs(rows, policy.tolerance(program.precision))
     if options.recommend:
         record.recommendation = recommend(rows, reference, options.steps, program.precision.name,
                                           record.loss_limit)

@@ -103,6 +103,7 @@ class CompareRecord:
     targets: list[CompareRow]
     estimates: list[EstimateRow] = dataclasses.field(default_factory=list)   # compile-only rows (--topology)
     recommendation: Recommendation | None = None     # the target to run (None: --no-recommend)
+    version_pairs: list[Any] = dataclasses.field(default_factory=list)   # compare/versions.py: a target in two envs
     written: list[str] | None = None     # the files written under --out (not in results.json itself)
 
     @property
@@ -116,6 +117,7 @@ class CompareRecord:
         data["targets"] = [row.to_json() for row in self.targets]
         data["estimates"] = [row.to_json() for row in self.estimates]
         data["recommendation"] = None if self.recommendation is None else self.recommendation.to_json()
+        data["version_pairs"] = [pair.to_json() for pair in self.version_pairs]
         if self.written is None:
             del data["written"]
         return data
@@ -126,6 +128,9 @@ class CompareRecord:
         values["options"] = CompareOptions.from_json(data["options"])
         values["targets"] = [CompareRow.from_json(row) for row in data["targets"]]
         values["estimates"] = [EstimateRow.from_json(row) for row in data.get("estimates", [])]
+        from .versions import VersionPair
+
+        values["version_pairs"] = [VersionPair.from_json(pair) for pair in data.get("version_pairs", [])]
         if data.get("recommendation") is not None:
             values["recommendation"] = Recommendation.from_json(data["recommendation"])
         return cls(**values)

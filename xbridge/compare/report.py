@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .record import CompareRecord
+from .versions import describe
 
 __all__ = ["render"]
 
@@ -106,11 +107,14 @@ def render(record: CompareRecord) -> str:
     if failures:
         lines += ["", "Failed targets:"]
         lines += [f"- {target}: {error}" for target, error in failures]
-    versions: dict[str, str] = {}
-    for row in record.targets:
-        versions.update(row.result.versions if row.result is not None else {})
-    if versions:
-        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))]
+    ran = [row for row in record.targets if row.result is not None]
+    if ran:
+        lines += ["", "Versions, per target (each ran in its own environment's interpreter):", ""]
+        lines += [f"- {row.target}: " + ", ".join(f"{k} {v}" for k, v in sorted(row.result.versions.items()))
+                  for row in ran if row.result is not None]
+    if record.version_pairs:
+        lines += ["", "The same target in two environments:", ""]
+        lines += [f"- {describe(pair)}" for pair in record.version_pairs]
     lines += ["", "Plots: `loss_deviation.png` (each target's |loss - reference| / |reference| per step, log scale, "
                   "with the parity limit), `step_time.png` (median, p10-p90), `mfu.png`.", ""]
     return "\n".join(lines)

@@ -104,6 +104,25 @@ def resolve(text: str) -> tuple[Target, Backend]:
     return parsed, backend
 
 
+def declared(text: str) -> Backend:
+    """The backend ``BACKEND[-DEVICE]`` names, whether or not it can run in this interpreter (another environment may
+    run it: xbridge/environments.py); BackendUnavailable when its plugin does not load."""
+    parsed = parse_target(text)
+    name = parsed if isinstance(parsed, str) else parsed.backend
+    loaded = load(name)
+    if loaded.backend is None:
+        raise BackendUnavailable(f"target {text} is unavailable: {loaded.error}")
+    return loaded.backend
+
+
+def parse_declared(text: str) -> Target:
+    """``BACKEND-DEVICE`` as a Target (``text`` is a canonical target another environment reported)."""
+    parsed = parse_target(text)
+    if isinstance(parsed, str):
+        raise TargetError(f"target {text!r}: give BACKEND-DEVICE")
+    return parsed
+
+
 def describe() -> list[dict]:
     """One row per known target: availability (or why not), versions and device count. A plugin that failed to
     load has one row under its bare name, with the error."""

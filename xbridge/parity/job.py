@@ -304,7 +304,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                     check.gradients_traced = True
                     check.first_divergent_gradient = None if grad is None else DivergentGradient(*grad)
             verdict = "pass" if judged.ok else "FAIL"
-            entry = ParityRow(target, row.run.status, row.run.devices, verdict, check=check)
+            entry = ParityRow(target, row.run.status, row.run.devices, verdict, check=check,
+                              versions=row.run.result.versions)
             if draws and verdict == "FAIL":
                 entry.cause = random_cause(draws)
             elif verdict == "FAIL" and options.total_devices > 1 and averages_shard_losses(target):
@@ -320,7 +321,8 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
         precision=program.precision.name, steps=options.steps, devices=options.total_devices,
         processes=options.processes, tolerance=ToleranceRecord.of(tol),
         reference=ParityReference(reference, ref.losses, ref.eval_losses, census,
-                                  ref.matmul_dtypes if census else None),
+                                  ref.matmul_dtypes if census else None,
+                                  ref.run.result.versions if ref.run.result is not None else None),
         reference_fp32=None if fp32 is None else Fp32Reference(fp32.run.status,
                                                                fp32.losses if fp32.run.result else None),
         targets=rows, passed=all(r.verdict == "pass" for r in rows), rng=program.step.rng,

@@ -111,6 +111,7 @@ class ParityRow:
     error: str | None = None         # verdict error: why (first line), then the tail of its stderr
     check: ParityCheck | None = None     # verdict pass or FAIL: the comparison
     cause: str | None = None         # a FAIL explained (random draws, a loss that does not survive a split batch)
+    versions: dict[str, str] | None = None   # what it ran on (its environment's frameworks), when it finished
 
     @property
     def error_line(self) -> str:
@@ -123,13 +124,15 @@ class ParityRow:
         data |= {"error": self.error} if self.check is None else self.check.to_json()
         if self.cause is not None:
             data["cause"] = self.cause
+        if self.versions is not None:
+            data["versions"] = self.versions
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ParityRow:
         check = None if data["verdict"] == "error" else ParityCheck.from_json(data)
         return cls(data["target"], data["status"], data["devices"], data["verdict"], data.get("error"), check,
-                   data.get("cause"))
+                   data.get("cause"), data.get("versions"))
 
 
 @dataclass
@@ -154,9 +157,11 @@ class ParityReference:
     eval_losses: list[float]
     census: bool = False                 # the matmul dtypes were counted
     matmul_dtypes: dict[str, int] | None = None
+    versions: dict[str, str] | None = None   # what the reference ran on
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"target": self.target, "losses": self.losses, "eval_losses": self.eval_losses}
+        data: dict[str, Any] = {"target": self.target, "losses": self.losses, "eval_losses": self.eval_losses,
+                                "versions": self.versions}
         if self.census:
             data["matmul_dtypes"] = self.matmul_dtypes
         return data
@@ -164,7 +169,7 @@ class ParityReference:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ParityReference:
         return cls(data["target"], data["losses"], data["eval_losses"], "matmul_dtypes" in data,
-                   data.get("matmul_dtypes"))
+                   data.get("matmul_dtypes"), data.get("versions"))
 
 
 @dataclass

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..contract import registry
+from ..environments import locate, split_env
 from ..errors import ConfigError
 from .record import RunRecord
 
@@ -65,24 +65,29 @@ class TargetRun:
 
 
 def available_targets(reference: str = REFERENCE) -> list[str]:
-    rows = [r["target"] for r in registry.describe() if r["available"]]
-    return sorted(rows, key=lambda t: (t != reference, t))
+    """Every target that runs here or in a configured environment (xbridge/environments.py), the reference first."""
+    from ..environments import available_targets as everywhere
+
+    return sorted(everywhere(), key=lambda t: (t != reference, t))
 
 
 def resolve_reference(text: str) -> str:
     """The baseline target of parity and compare (``--reference``): an eager target that can run here, e.g.
-    ``eager-cuda`` on a GPU machine, where a CPU reference of a GPU-sized model would take hours."""
-    target, _ = registry.resolve(text)
-    if target.backend != "eager":
+    ``eager-cuda`` on a GPU machine, where a CPU reference of a GPU-sized model would take hours; ``eager-cpu@NAME``
+    takes the reference in environment NAME (another torch)."""
+    parsed = registry.parse_target(split_env(text)[0])
+    if (parsed if isinstance(parsed, str) else parsed.backend) != "eager":
         raise ConfigError(f"--reference {text!r}: the reference must be an eager target (eager-cpu, eager-cuda); "
                           "the compiled stacks are what is being checked against it")
-    return str(target)
+    located = locate(text)
+    return located.label if "@" in text else str(located.target)
 
 
 def split_variant(entry: str) -> tuple[str, list[str]]:
-    """``TARGET[:OPTION=VALUE...]`` -> the canonical target and its ``run`` flags."""
+    """``TARGET[@ENV][:OPTION=VALUE...]`` -> the target's label (canonical, with ``@ENV`` where it runs in another
+    environment) and its ``run`` flags."""
     target_text, *parts = entry.split(":")
-    target, backend = registry.resolve(target_text)
+    located = locate(target_text)
     given: dict[str, str] = {}
     for part in parts:
         name, sep, value = part.partition("=")
@@ -94,19 +99,20 @@ def split_variant(entry: str) -> tuple[str, list[str]]:
                               "give it once, or list two variants to race both")
         given[key] = value
     try:
-        backend.resolve_options(given, str(target))
+        located.backend.resolve_options(given, str(located.target))
     except ConfigError as exc:
         raise ConfigError(f"target variant {entry!r}: {exc}") from None
-    return str(target), [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), value)]
+    label = str(located.target) if "@" not in target_text else located.label
+    return label, [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), value)]
 
 
 def averages_shard_losses(entry: str) -> bool:
     """Whether target ``entry`` (with its variant options) averages per-device losses over a split batch (torch DDP's
     semantics) instead of taking the loss over the global batch (:meth:`Backend.averages_shard_losses`)."""
     target_text, *parts = entry.split(":")
-    target, backend = registry.resolve(target_text)
+    located = locate(target_text)
     given = {name.replace("-", "_"): value for name, _, value in (part.partition("=") for part in parts)}
-    return backend.averages_shard_losses(backend.resolve_options(given, str(target)))
+    return located.backend.averages_shard_losses(located.backend.resolve_options(given, str(located.target)))
 
 
 def resolve_targets(requested: list[str] | None, reference: str = REFERENCE) -> list[str]:
@@ -123,8 +129,9 @@ def resolve_targets(requested: list[str] | None, reference: str = REFERENCE) -> 
 
 def child_command(program_ref: str, target: str, options: ChildOptions, devices: int, out: Path,
                   processes: int = 1) -> list[str]:
-    target_text, variant = split_variant(target)
-    cmd = [sys.executable, "-m", "xbridge", "run", program_ref, "--backend", target_text, *variant, "--steps",
+    located = locate(target.split(":")[0])
+    _, variant = split_variant(target)
+    cmd = [located.python, "-m", "xbridge", "run", program_ref, "--backend", str(located.target), *variant, "--steps",
            str(options.steps), "--warmup", str(options.warmup), "--devices", str(devices), "--format", "json",
            "--out", str(out)]
     if options.precision:
@@ -147,7 +154,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) -> TargetRun:
     """One target in a fresh interpreter; a failure, a timeout or a kill becomes the status."""
-    _, backend = registry.resolve(split_variant(target)[0])
+    backend = locate(target.split(":")[0]).backend
     processes = options.processes if backend.multi_process else 1
     per_process = options.devices * (options.processes // processes)      # one process: every device in it
     devices = per_process * processes if backend.sharded else 1

@@ -1,0 +1,54 @@
+"""``xbridge check`` for the targets another environment runs (xbridge/environments.py): the same command there, for
+those targets, with the same program and options; its verdicts join this one's record in the order asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+from ..contract.checks import Finding
+from ..environments import VARIABLE, Environment, installed_in, named, split_env
+from .record import TargetCheck
+
+
+def where(entry: str) -> tuple[Environment | None, str]:
+    """The environment that checks ``entry`` (None: here) and the target name it knows it by."""
+    from ..contract import registry
+
+    target_text, env_name = split_env(entry)
+    if env_name:
+        return named(env_name), target_text
+    if "@" in entry:            # TARGET@here
+        return None, target_text
+    parsed = registry.parse_target(target_text)
+    return installed_in(parsed if isinstance(parsed, str) else parsed.backend), target_text
+
+
+def check_there(env: Environment, program_path: str, targets: dict[str, str], flags: list[str],
+                timeout_s: float = 900.0) -> list[TargetCheck]:
+    """``xbridge check`` in ``env`` for ``targets`` (label -> the name there); a failure there is each target's
+    ``fails`` verdict, with the environment's error line."""
+    cmd = [env.python, "-m", "xbridge", "check", program_path, "--backends", ",".join(targets.values()), *flags,
+           "--format", "json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, VARIABLE: "", "XBRIDGE_DEBUG": "0"})
+        rows: list[dict[str, Any]] = json.loads(proc.stdout)["targets"] if proc.returncode == 0 else []
+        failure = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        rows, failure = [], f"{type(exc).__name__}: {exc}"
+    if failure:
+        why = f"will not run: environment {env.name!r} ({env.python}) could not check it: {failure}"
+        return [TargetCheck(label, "fails", why, {}) for label in targets]
+    by_name = {row["target"]: row for row in rows}
+    out = []
+    for label, name in targets.items():
+        row = by_name.get(name) or next(iter(rows), None)
+        if row is None:
+            out.append(TargetCheck(label, "fails", f"environment {env.name!r} gave no verdict", {}))
+            continue
+        out.append(TargetCheck(label, row["verdict"], row["summary"], row["operators"],
+                               [Finding(**finding) for finding in row.get("findings", [])]))
+    return out
