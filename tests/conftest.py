@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -89,5 +90,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if DURATIONS.get(item.nodeid, 0.0) > SLOW_S and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+    if importlib.util.find_spec("torch_xla") is None:     # .venv: these run in .venv-xla (scripts/test.sh)
+        elsewhere = [item for item in items if item.get_closest_marker("xla_env") is not None]
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            items[:] = [item for item in items if item.get_closest_marker("xla_env") is None]
     if _WORKER:     # every worker sorts alike, as xdist requires: the same collection everywhere
         items.sort(key=lambda item: -DURATIONS.get(item.nodeid, 0.0))

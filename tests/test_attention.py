@@ -116,13 +116,12 @@ def test_jax_routes_attention_to_the_pallas_tpu_kernel_as_torch_computes_it(case
                        rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.xla_env
 @pytest.mark.parametrize("case", ["bool_mask", "float_mask", "grouped_query", "scale", "long"])
 def test_xla_hands_the_pallas_kernel_what_torch_computes(case):
     """The translation behind --attention flash on xla-tpu (backends/xlaspmd/attention.flash_inputs: torch tensors
     as torch_xla's flash_attention takes them), handed to the Pallas TPU kernel that torch_xla's custom call wraps,
     run in Pallas's TPU interpret mode: its output equals torch's attention (the custom call itself needs a TPU)."""
-    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
-    pytest.importorskip("torchax", reason="JAX (its Pallas kernel) is not installed")
     import jax.numpy as jnp
     import torch.nn.functional as F
     from jax.experimental.pallas import tpu as pltpu
@@ -155,7 +154,7 @@ def test_the_pallas_kernel_refuses_what_it_cannot_tile():
 
 
 def test_xla_reports_the_math_form_and_refuses_a_fused_kernel():
-    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
+    """From .venv, the runs go to .venv-xla (xbridge/environments.py)."""
     proc = run_cli("run", LAYERED, "--backend", "xla-cpu", "--steps", "2", "--rng", "native", "--format", "json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["summary"]["attention"] == {"math (XLA)": 3}

@@ -121,7 +121,8 @@ def test_adamw_state_crosses_from_eager_to_jax_on_another_mesh(tmp_path, tiny_gp
     _within_policy(losses(resumed), reference, tiny_gpt, read_npz(tmp_path / "out.npz", "out"),
                    read_npz(tmp_path / "ref.npz", "ref"))
     q = resumed.layout["blocks.0.q.weight"]
-    assert q["spec"] == "PartitionSpec('model', None)" and q["shard_shapes"][0] == [16, 32]
+    # as the runtime reports it: jax writes PartitionSpec('model', None) up to 0.9.0 and P('model', None) since 0.9.1
+    assert q["spec"] in ("PartitionSpec('model', None)", "P('model', None)") and q["shard_shapes"][0] == [16, 32]
 
 
 @pytest.mark.slow   # subprocesses

@@ -23,8 +23,8 @@ def _stderr(code: str, silenced: bool) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.xla_env
 def test_torch_xlas_default_device_warning_is_dropped():
-    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
     assert "Defaulting to PJRT_DEVICE=CPU" in _stderr(TORCH_XLA, silenced=False)
     assert "Defaulting to PJRT_DEVICE=CPU" not in _stderr(TORCH_XLA, silenced=True)
 

@@ -5,7 +5,6 @@ version other than the pinned one is refused with one line naming the patch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,18 +18,27 @@ from xbridge.errors import RunError
 # package imported, then each stack's patches applied (twice) and undone, and the scoped ones entered and left.
 _CHECK = r'''
 import importlib, json, pkgutil, types
-import torch, torch_xla, torchax, jax
-import torch._dynamo.config, torch._functorch.config, torch._inductor.config
-import torch_xla.experimental.scan
-from torchax import amp
-from torchax.ops import ops_registry
+from xbridge.contract import registry
 
-env = torchax.default_env()
-OWNERS = {"torch": torch, "torch_xla": torch_xla, "torchax": torchax, "jax": jax, "torchax.amp": amp,
-          "torch_xla.experimental.scan": torch_xla.experimental.scan, "torch_xla._XLAC": torch_xla._XLAC,
-          "torch.amp.GradScaler": torch.amp.GradScaler}
-TABLES = {"torchax.amp.autocast_policy": amp.autocast_policy, "ops_registry.all_aten_ops": ops_registry.all_aten_ops,
-          "torchax.default_env()._ops": env._ops}
+# the stacks this environment has (.venv: jax and inductor; .venv-xla: xla and inductor)
+STACKS = [s for s, b in (("jaxjit", "jax"), ("xlaspmd", "xla"), ("inductor", "inductor"))
+          if registry.load(b).backend is not None and registry.load(b).backend.missing_package() is None]
+import torch
+import torch._dynamo.config, torch._functorch.config, torch._inductor.config
+OWNERS = {"torch": torch, "torch.amp.GradScaler": torch.amp.GradScaler}
+TABLES = {}
+if "jaxjit" in STACKS:
+    import torchax, jax
+    from torchax import amp
+    from torchax.ops import ops_registry
+    env = torchax.default_env()
+    OWNERS |= {"torchax": torchax, "jax": jax, "torchax.amp": amp}
+    TABLES |= {"torchax.amp.autocast_policy": amp.autocast_policy,
+               "ops_registry.all_aten_ops": ops_registry.all_aten_ops, "torchax.default_env()._ops": env._ops}
+if "xlaspmd" in STACKS:
+    import torch_xla, torch_xla.experimental.scan
+    OWNERS |= {"torch_xla": torch_xla, "torch_xla.experimental.scan": torch_xla.experimental.scan,
+               "torch_xla._XLAC": torch_xla._XLAC}
 CONFIGS = {"torch._inductor.config": torch._inductor.config, "torch._functorch.config": torch._functorch.config,
            "torch._dynamo.config": torch._dynamo.config}
 
@@ -62,22 +70,29 @@ imported = []
 import xbridge.backends, xbridge.torch
 for package in (xbridge.backends, xbridge.torch):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        stack = info.name.split(".")[2] if info.name.startswith("xbridge.backends.") else None
+        if stack in ("jaxjit", "xlaspmd") and stack not in STACKS:
+            continue        # that stack's framework is in the other environment
         importlib.import_module(info.name)
         imported.append(info.name)
-out = {"imported": imported, "import_changes": changes(before)}
+out = {"stacks": STACKS, "imported": imported, "import_changes": changes(before)}
 
 from xbridge.backends.inductor import patches as inductor
-from xbridge.backends.jaxjit import patches as jaxjit
-from xbridge.backends.xlaspmd import patches as xlaspmd
 from xbridge.torch import patches as shared
 from xbridge.torch.portable_rng import factories
+if "jaxjit" in STACKS:
+    from xbridge.backends.jaxjit import patches as jaxjit
+if "xlaspmd" in STACKS:
+    from xbridge.backends.xlaspmd import patches as xlaspmd
 
 before = snapshot()
 
 
 def apply():
-    jaxjit.apply()
-    xlaspmd.apply(True)
+    if "jaxjit" in STACKS:
+        jaxjit.apply()
+    if "xlaspmd" in STACKS:
+        xlaspmd.apply(True)
     inductor.apply()
     if torch._inductor.config.cpp.vec_isa_ok is None:
         inductor.skip_vec_isa_probe()
@@ -89,29 +104,33 @@ out["applied"] = changes(before)
 once = snapshot()
 apply()
 out["twice"] = changes(once)
-for stack in (jaxjit, xlaspmd, inductor):
-    stack.undo()
+for stack in STACKS:
+    globals()[stack].undo()
 out["undone"] = changes(before)
 
 inside = {}
 with factories():
     inside["factories"] = changes(before)
-built = []
-with xlaspmd.recording_scans(built):
-    inside["recording_scans"] = changes(before)
-with jaxjit.routed_attention(lambda *a, **k: None):
-    inside["routed_attention"] = changes(before)
+if "xlaspmd" in STACKS:
+    built = []
+    with xlaspmd.recording_scans(built):
+        inside["recording_scans"] = changes(before)
+if "jaxjit" in STACKS:
+    with jaxjit.routed_attention(lambda *a, **k: None):
+        inside["routed_attention"] = changes(before)
 out["inside"] = inside
 out["left"] = changes(before)
 print("RESULT" + json.dumps(out))
 '''
 
 
+# Each environment checks the stacks it has (scripts/test.sh runs this file in .venv and in .venv-xla): the jax and
+# inductor stacks in .venv, the xla and inductor stacks in .venv-xla.
+pytestmark = pytest.mark.both_envs
+
+
 @pytest.fixture(scope="module")
 def checked() -> dict:
-    for name, extra in (("torch_xla", "xla"), ("torchax", "jax")):     # found, not imported (slow) here
-        if importlib.util.find_spec(name) is None:
-            pytest.skip(f"{name} is not installed (pip install 'xbridge[{extra}]')")
     env = {**user_env(), "PJRT_DEVICE": "CPU", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", _CHECK], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -120,17 +139,24 @@ def checked() -> dict:
 
 
 def test_importing_every_backend_module_patches_nothing(checked):
-    assert {"xbridge.backends.jaxjit.lowering", "xbridge.backends.xlaspmd.layer_scan_loops",
-            "xbridge.backends.inductor.rank_engine", "xbridge.torch.portable_rng"} <= set(checked["imported"])
+    stacks = set(checked["stacks"])
+    assert stacks in ({"jaxjit", "inductor"}, {"xlaspmd", "inductor"}), stacks      # .venv or .venv-xla
+    expected = {"xbridge.backends.inductor.rank_engine", "xbridge.torch.portable_rng"}
+    expected |= {"xbridge.backends.jaxjit.lowering"} if "jaxjit" in stacks else set()
+    expected |= {"xbridge.backends.xlaspmd.layer_scan_loops"} if "xlaspmd" in stacks else set()
+    assert expected <= set(checked["imported"])
     assert checked["import_changes"] == []
 
 
 def test_the_patches_apply_once_and_undo_restores(checked):
     applied = set(checked["applied"])
-    assert {"torchax.amp.execute_policy", "torch_xla.experimental.scan._scan_impl_pytree",
-            "torch._inductor.config.trace.enabled", "torch._dynamo.config.debug_dir_root"} <= applied, applied
-    assert any(entry.startswith("torchax.default_env()._ops[aten._grouped_mm") for entry in applied), applied
-    assert any(entry.startswith("torchax.amp.autocast_policy[") for entry in applied), applied
+    assert {"torch._inductor.config.trace.enabled", "torch._dynamo.config.debug_dir_root"} <= applied, applied
+    if "jaxjit" in checked["stacks"]:
+        assert "torchax.amp.execute_policy" in applied, applied
+        assert any(entry.startswith("torchax.default_env()._ops[aten._grouped_mm") for entry in applied), applied
+        assert any(entry.startswith("torchax.amp.autocast_policy[") for entry in applied), applied
+    if "xlaspmd" in checked["stacks"]:
+        assert "torch_xla.experimental.scan._scan_impl_pytree" in applied, applied
     assert checked["twice"] == []            # applying again changes nothing
     assert checked["undone"] == []
 
@@ -138,8 +164,10 @@ def test_the_patches_apply_once_and_undo_restores(checked):
 def test_the_scoped_patches_are_put_back(checked):
     inside = checked["inside"]
     assert inside["factories"] == ["torch.normal", "torch.rand", "torch.randint", "torch.randn", "torch.randperm"]
-    assert inside["recording_scans"] == ["torch_xla._XLAC._xla_user_computation"]
-    assert len(inside["routed_attention"]) == 3 and all("._ops[" in e for e in inside["routed_attention"])
+    if "xlaspmd" in checked["stacks"]:
+        assert inside["recording_scans"] == ["torch_xla._XLAC._xla_user_computation"]
+    if "jaxjit" in checked["stacks"]:
+        assert len(inside["routed_attention"]) == 3 and all("._ops[" in e for e in inside["routed_attention"])
     assert checked["left"] == []
 
 

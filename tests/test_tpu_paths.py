@@ -94,10 +94,10 @@ def test_jax_tpu_reasons_with_and_without_a_chip_and_libtpu(monkeypatch):
     assert reason is not None and reason.startswith("jax found no tpu device: "), reason
 
 
+@pytest.mark.xla_env
 def test_torch_xla_on_tpu_keeps_a_persistent_cache_and_on_cpu_none(tmp_path, monkeypatch):
     """start_runtime's TPU branch: torch_xla's persistent cache under xbridge's cache folder (PJRT's CPU client
     cannot reload executables, so the CPU branch opens none); the folder is one `xbridge cache` knows."""
-    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
     from xbridge import cache
     from xbridge.backends.xlaspmd import executable
 
@@ -122,11 +122,11 @@ def test_torch_xla_on_tpu_keeps_a_persistent_cache_and_on_cpu_none(tmp_path, mon
     assert "TPU" in listed["torch_xla-tpu"].what
 
 
+@pytest.mark.xla_env
 @pytest.mark.parametrize("accelerator_type,flops", [("v4", 275e12), ("v5litepod", 197e12), ("v5p", 459e12),
                                                     ("v6e", 918e12)])
 def test_xla_tpu_names_its_tpu_for_the_peak_table(monkeypatch, accelerator_type, flops):
     """xla-tpu's device kind comes from the TPU VM's accelerator type (torch_xla's get_tpu_type)."""
-    pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
     from torch_xla._internal import tpu
 
     from xbridge.backends.xlaspmd import executable

@@ -19,8 +19,8 @@ from xbridge.run.loop import RunOptions
 from xbridge.run.prepare import prepare
 from xbridge.run.steps import train
 
-pytestmark = pytest.mark.cli
-pytest.importorskip("torch_xla", reason="the xla backend is not installed (pip install 'xbridge[xla]')")
+# In .venv-xla (scripts/test.sh's xla leg): the eager reference in this process on torch 2.9, as torch_xla's own
+pytestmark = [pytest.mark.cli, pytest.mark.xla_env]
 
 
 def _eager(program, steps):

@@ -214,7 +214,8 @@ def print_estimates(record: CompareRecord) -> None:
 def _stack(versions: dict[str, str] | None) -> str:
     """The framework versions a target ran on, short (torch 2.14.1, jax 0.12.1)."""
     names = ("torch", "torch_xla", "jax", "torchax")
-    return ", ".join(f"{k} {versions[k].split('+', 1)[0]}" for k in names if k in (versions or {}))
+    found = versions or {}
+    return ", ".join(f"{k} {found[k].split('+', 1)[0]}" for k in names if k in found)
 
 
 def print_parity(record: ParityRecord) -> None:

@@ -91,8 +91,8 @@ class TokenFile:
         tokens = self._open()
         starts = _rng(seed, step, 2).integers(0, self.tokens - self.seq_len, size=self.batch_size)[index]
         out = np.stack([tokens[s:s + self.seq_len + 1] for s in starts]).astype(np.int64)
-        if self.vocab_size is not None and out.size and int(out.max()) >= self.vocab_size:
-            raise DataError(f"data TokenFile {self.path!r}, step {step}: key 'tokens' holds id {int(out.max())}, "
+        if self.vocab_size is not None and out.size and int(np.max(out)) >= self.vocab_size:
+            raise DataError(f"data TokenFile {self.path!r}, step {step}: key 'tokens' holds id {int(np.max(out))}, "
                             f"outside the vocabulary (vocab_size {self.vocab_size})")
         return {"tokens": out}
 
