@@ -33,4 +33,4 @@ lint: setup
 	.venv/bin/mypy
 
 clean:
-	rm -rf .venv .venv-xla out .pytest_cache
+	rm -rf .venv .venv-xla .venv-today out .pytest_cache

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import FIXTURES, error_line, run_cli
+from xbridge.environments import describe_all
 from xbridge.errors import LoweringError
 from xbridge.parity import policy as parity
 from xbridge.run.loop import RunOptions
@@ -25,7 +26,6 @@ torchax = pytest.importorskip("torchax", reason="the jax backend needs torchax (
 torch = pytest.importorskip("torch", reason="the jax backend lowers torch programs (pip install 'xbridge[jax]')")
 
 from xbridge.backends.jaxjit import patches  # noqa: E402
-from xbridge.contract import registry  # noqa: E402
 from xbridge.program_file import load_program  # noqa: E402
 
 # torchax's max(dim) asks jax for an int64 index (JAX runs without x64: int32, as documented)
@@ -198,7 +198,7 @@ def test_parity_on_every_backend(tmp_path):
     """``xbridge parity`` of the five Functions in one model against eager on inductor-cpu and xla-cpu (they used
     the user's backward already; jax-cpu, which now does, is checked per Function in-process above)."""
     targets = ["inductor-cpu", "xla-cpu"]     # one process each, two at a time
-    for row in registry.describe():
+    for row in describe_all():      # here, or in the environment that has it (.venv-xla)
         if row["target"] in targets and not row["available"]:
             pytest.skip(f"{row['target']} is unavailable here: {row['reason']}")
     proc = run_cli("parity", f"{FIXTURE}:every_function", "--backends", ",".join(targets),

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import PROGRAMS, ROOT, one_error_line, run_cli
 from xbridge.contract import registry
+from xbridge.environments import describe_all
 from xbridge.parity.record import ParityRecord
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]
@@ -21,7 +22,7 @@ DEVICE_COUNTS = {"inductor-cpu": [1, 2]}
 
 
 def available_or_skip(target: str, devices: int = 1) -> None:
-    row = next(r for r in registry.describe() if r["target"] == target)
+    row = next(r for r in describe_all() if r["target"] == target)
     if not row["available"]:
         pytest.skip(f"{target} is unavailable here: {row['reason']}")
     backend = registry.load(target.rpartition("-")[0]).backend
@@ -95,7 +96,7 @@ def test_a_failing_comparison_explains_itself(tmp_path):
     code, record = parity(tmp_path, FIXTURES / "dropout.py", "--steps", "3", "--bisect")
     assert code == 1 and not record["passed"]
     rows = record["targets"]
-    available = {d["target"] for d in registry.describe() if d["available"]} - {"eager-cpu"}
+    available = {d["target"] for d in describe_all() if d["available"] and "@" not in d["target"]} - {"eager-cpu"}
     assert {r["target"] for r in rows} == available          # every target has a verdict: a crash is not ignored
     for row in rows:
         assert row["verdict"] == "FAIL" and row["first_failing_step"] == 0

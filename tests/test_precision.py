@@ -43,7 +43,7 @@ def _mismatches(report: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("backend", ["xla", "jax"])
+@pytest.mark.parametrize("backend", [pytest.param("xla", marks=pytest.mark.xla_env), "jax"])
 def test_autocast_matches_eager_op_by_op(backend):
     found = _mismatches(_check(backend))
     if backend == "jax":
@@ -54,8 +54,8 @@ def test_autocast_matches_eager_op_by_op(backend):
 
 @pytest.mark.parametrize("backend,expected", [
     # torch_xla's own AutocastXLA list: no attention (mixed q/k/v fail), float32 softmax and pow, bfloat16 pooling
-    ("xla", {"sdpa_mixed_dtypes", "softmax_bf16", "log_softmax_bf16", "pow_bf16", "max_pool2d_fp32",
-             "batch_norm_bf16_input"}),
+    pytest.param("xla", {"sdpa_mixed_dtypes", "softmax_bf16", "log_softmax_bf16", "pow_bf16", "max_pool2d_fp32",
+             "batch_norm_bf16_input"}, marks=pytest.mark.xla_env),
     # torchax's table with a hook that ignores the model's float32 regions, and F.linear left to the aten table
     ("jax", {"linear", "fp32_region", "float64_left_alone"}),
 ])

@@ -116,6 +116,7 @@ def test_xla_scanned_state_crosses_to_and_from_eager_by_eager_names(tmp_path):
     np.testing.assert_allclose([s["loss"] for s in json.loads(rest.stdout)["steps"]], reference[3:], rtol=2e-5)
 
 
+@pytest.mark.xla_env     # the check script runs torch_xla in its own process: this environment's interpreter
 def test_xla_scan_reuses_its_lowered_loops_and_computes_what_torch_xla_does():
     """After its first call, each scan (the training step's forward and backward, the evaluation's forward) reuses
     the While loop lowered for it (backends/xlaspmd/layer_scan_loops.py) instead of lowering its layer again, over 2

@@ -1,13 +1,13 @@
 """Framework environments: other Python interpreters with xbridge installed, where targets run that this one cannot
 run (torch_xla 2.9 needs torch 2.9 and Python 3.11), or where the same target runs on other framework versions.
 
-An environment is a name and an interpreter. They are listed in ``<sys.prefix>/xbridge-environments.json`` (written
-by ``xbridge environments add NAME PYTHON``; make setup adds ``xla``) and in ``XBRIDGE_ENVIRONMENTS``
-(``NAME=PYTHON,...``, which wins over the file). A target entry may name one: ``inductor-cpu@xla`` runs inductor-cpu
-in the environment ``xla``; a target without one runs here when it can, else in the first environment (in the
-listed order) where it is available. What an environment can run is asked of it once per process
-(``python -m xbridge backends --format json`` there) and kept on disk beside the compile caches, keyed on the
-interpreter and the modification times of its site-packages folders (docs/environments.md).
+An environment is a name and an interpreter. They are listed in ``<sys.prefix>/xbridge-environments.json`` (or
+``XBRIDGE_ENVIRONMENTS_FILE``; written by ``xbridge environments add NAME PYTHON``; make setup adds ``xla`` and
+``today``) and in ``XBRIDGE_ENVIRONMENTS`` (``NAME=PYTHON,...``, which wins over the file). A target entry may name
+one: ``inductor-cpu@today`` runs inductor-cpu in the environment ``today``; a target without one runs here when it
+can, else in the first environment (in the listed order) that can. What an environment can run is asked of it once
+(``xbridge backends`` there) and kept on disk beside the compile caches, keyed on the interpreter and the
+modification times of its site-packages folders (docs/environments.md).
 
 This module imports no ML framework.
 """
@@ -42,8 +42,16 @@ class Environment:
     python: str        # the interpreter, as given (absolute once added through `xbridge environments add`)
 
 
+FILE_VARIABLE = "XBRIDGE_ENVIRONMENTS_FILE"
+
+
+# what a process started in an environment is given: it knows no environments of its own (it runs what it has)
+ALONE = {VARIABLE: "", FILE_VARIABLE: os.devnull}
+
+
 def config_file() -> Path:
-    return Path(sys.prefix) / "xbridge-environments.json"
+    """``$XBRIDGE_ENVIRONMENTS_FILE``, else ``<sys.prefix>/xbridge-environments.json`` (this environment's own)."""
+    return Path(os.environ.get(FILE_VARIABLE) or Path(sys.prefix) / "xbridge-environments.json")
 
 
 def _from_file() -> dict[str, str]:
@@ -140,8 +148,9 @@ def probe(env: Environment) -> dict[str, Any]:
             "print(json.dumps({'python': platform.python_version(), 'installed': installed, "
             "'targets': r.describe()}))")
     try:
-        proc = subprocess.run([env.python, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              env={**os.environ, VARIABLE: "", "XBRIDGE_DEBUG": "0"})
+        # -P: no source tree from the working directory on its path (the interpreter's own xbridge answers)
+        proc = subprocess.run([env.python, "-P", "-c", code], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env={**os.environ, **ALONE, "XBRIDGE_DEBUG": "0"})
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RunError(f"environment {env.name!r} ({env.python}) did not answer what it can run: {exc}") from None
     last = (proc.stderr.strip().splitlines() or [""])[-1]
@@ -207,7 +216,7 @@ def locate(text: str) -> Located:
                 if found is not None:
                     return Located(registry.parse_declared(found), backend, env)
                 if backend.missing_package() and backend.name in probe(env).get("installed", ()):
-                    reason = f"target {target_text} is unavailable (in environment {env.name!r}): {why}"
+                    reason = f"target {target_text} is unavailable: {why} (environment {env.name!r})"
             raise BackendUnavailable(reason) from None
     if env_name is None:        # TARGET@here
         target, backend = registry.resolve(target_text)
@@ -249,17 +258,32 @@ def describe_all() -> list[dict[str, Any]]:
     that runs nowhere keeps this interpreter's reason), then a ``TARGET@ENV`` row for each target an environment runs
     that runs here too (what races the same target on two framework versions)."""
     here = registry.describe()
-    found = {env.name: _rows_or_failure(env) for env in configured().values()}
+    envs = configured()
+    found = {env.name: _rows_or_failure(env) for env in envs.values()}
     rows = []
     for row in here:
-        there = next(((name, r) for name, rs in found.items() for r in rs if r["target"] == row["target"]
-                      and r["available"]), None) if not row["available"] else None
+        there = None
+        if not row["available"]:        # where it runs, else where its packages are (its reason from there)
+            missing = _missing_here(row["target"])
+            candidates = [(name, r) for name, rs in found.items() for r in rs if r["target"] == row["target"]]
+            there = next((c for c in candidates if c[1]["available"]), None) or next(
+                (c for c in candidates if missing and _backend_of(c[1]["target"]) in probe(envs[c[0]]).get(
+                    "installed", ())), None)
         rows.append({**there[1], "environment": there[0]} if there else {**row, "environment": HERE})
     runs_here = {row["target"] for row in here if row["available"]}
     for name, env_rows in found.items():
         rows += [{**r, "target": f"{r['target']}@{name}", "environment": name} for r in env_rows
                  if r["available"] and r["target"] in runs_here or r["target"] == "*"]
     return rows
+
+
+def _backend_of(target: str) -> str:
+    return target.rpartition("-")[0]
+
+
+def _missing_here(target: str) -> bool:
+    backend = registry.load(_backend_of(target)).backend
+    return backend is not None and backend.missing_package() is not None
 
 
 def _rows_or_failure(env: Environment) -> list[dict[str, Any]]:
@@ -271,21 +295,21 @@ def _rows_or_failure(env: Environment) -> list[dict[str, Any]]:
 
 def forward(env: Environment, argv: list[str]) -> int:
     """Run ``xbridge ARGV`` in ``env`` (its interpreter), this process waiting: its output is this command's output
-    and its exit code this command's. Ctrl-C reaches both (one process group): this one waits for the child to stop;
-    SIGTERM sent to this one is passed on. Where this process's stdout or stderr is not a file (the CLI called
+    and its exit code this command's. The child has a process group of its own, so that Ctrl-C (SIGINT) and SIGTERM
+    reach it once, passed on by this process (a terminal's Ctrl-C would otherwise reach it twice), which waits for it
+    to stop. Where this process's stdout or stderr is not a file (the CLI called
     in-process, its streams captured), the child's output is read and written there."""
     import signal
     import threading
 
     piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
-    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env={**os.environ, VARIABLE: ""},
-                            stdout=piped[0], stderr=piped[1], text=True)
+    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env={**os.environ, **ALONE},
+                            stdout=piped[0], stderr=piped[1], text=True, process_group=0)
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
 
     def pass_on(signum: int, _frame: Any) -> None:
-        if signum == signal.SIGTERM:
-            proc.send_signal(signum)
+        proc.send_signal(signum)
 
     try:
         for sig in previous:

@@ -78,8 +78,8 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
             mask = attn_mask
         else:
             bias = attn_mask.astype(q.dtype)
-    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,  # type: ignore[call-overload]
-                                       is_causal=is_causal, implementation=implementation)
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                                       implementation=implementation)  # type: ignore[arg-type]
     return jnp.swapaxes(out, -3, -2)
 
 

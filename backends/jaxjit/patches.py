@@ -113,8 +113,8 @@ def custom_functions() -> Iterator[None]:
         # (_C._FunctionBase.__dict__["apply"], no __func__) from torch 2.14 on; __get__ binds either to cls
         return original.__get__(None, cls)(*args, **kwargs)
 
-    owner.apply = classmethod(routed.routed_apply(torch_apply))
+    owner.apply = classmethod(routed.routed_apply(torch_apply))    # type: ignore[assignment,method-assign]
     try:
         yield
     finally:
-        owner.apply = original
+        owner.apply = original              # type: ignore[method-assign]

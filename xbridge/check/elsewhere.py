@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 from ..contract.checks import Finding
-from ..environments import VARIABLE, Environment, installed_in, named, split_env
+from ..environments import ALONE, Environment, installed_in, named, split_env
 from .record import TargetCheck
 
 
@@ -34,7 +34,7 @@ def check_there(env: Environment, program_path: str, targets: dict[str, str], fl
            "--format", "json"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, VARIABLE: "", "XBRIDGE_DEBUG": "0"})
+                              env={**os.environ, **ALONE, "XBRIDGE_DEBUG": "0"})
         rows: list[dict[str, Any]] = json.loads(proc.stdout)["targets"] if proc.returncode == 0 else []
         failure = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:

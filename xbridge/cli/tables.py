@@ -212,7 +212,7 @@ def print_estimates(record: CompareRecord) -> None:
 
 
 def _stack(versions: dict[str, str] | None) -> str:
-    """The framework versions a target ran on, short (torch 2.14.1, jax 0.12.1)."""
+    """The framework versions a target ran on, short (torch 2.14.1, jax 0.12.0)."""
     names = ("torch", "torch_xla", "jax", "torchax")
     found = versions or {}
     return ", ".join(f"{k} {found[k].split('+', 1)[0]}" for k in names if k in found)
