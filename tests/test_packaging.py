@@ -33,17 +33,21 @@ def test_wheel_layout_and_entry_points(tmp_path):
 
 def test_only_what_must_be_pinned_is_pinned_and_explained():
     """torch and jax are ranges (installing xbridge keeps the ones an environment has); torch_xla pins torch (its
-    wheel is built against 2.9.x), which puts xla in an environment of its own, outside `all`; torchax is pinned
-    (the jax plugin patches its private tables); libtpu follows the Python version's jax line."""
+    wheel is built against 2.9.x), which puts xla in an environment of its own, outside `all`; torchax is held to the
+    two versions the jax plugin's patches are written for; libtpu follows the Python version's jax line; make setup's
+    suite environments take the pins of scripts/pins-2025.txt, .venv-today none."""
     text = (ROOT / "pyproject.toml").read_text()
     meta = tomllib.loads(text)["project"]["optional-dependencies"]
     assert "torch>=2.9,<2.16" in meta["eager"] and "jax>=0.7.1,<0.13,!=0.12.1" in meta["jax"]
     assert "only 0.12.1 hangs" in text
     assert {"torch==2.9.0", "torch_xla==2.9.0"} <= set(meta["xla"]) and "xla" not in meta["all"][0]
     assert "It is built\n# against torch 2.9.x and only imports with it" in text
-    assert "torchax==0.0.14.dev20261026" in meta["jax"] and "patches its private operator table" in text
+    assert "torchax>=0.0.13,<=0.0.14.dev20261026" in meta["jax"] and "patches of its private operator table" in text
     assert meta["tpu-compile"] == ["libtpu==0.0.50.*; python_version >= '3.12'", "libtpu==0.0.22; python_version < '3.12'"]
     assert "Mosaic IR version 8" in text and "jax[tpu]==0.12.0 asks for libtpu 0.0.50.*" in text
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert '"all,test,tpu-compile"' in setup and '"xla,test,tpu-compile"' in setup
-    assert "environments add xla" in setup
+    assert '"all,test,tpu-compile" -c "$PINS"' in setup and '"xla,test,tpu-compile" -c "$PINS"' in setup
+    assert '"$TODAY_VENV" "$(python_for 3.12)" "all,tpu-compile"\n' in setup
+    assert "environments add xla" in setup and "environments add today" in setup
+    pins = (ROOT / "scripts" / "pins-2025.txt").read_text().split()
+    assert {"torch==2.9.0", "jax==0.7.1", "torchax==0.0.13", "libtpu==0.0.22"} <= set(pins)
