@@ -50,7 +50,7 @@ install() {
 }
 
 install "$VENV" "$(python_for 3.11)" "all,test,tpu-compile" -c "$PINS"
-install "$XLA_VENV" "$(python_for 3.11)" "xla,test,tpu-compile" -c "$PINS"
+install "$XLA_VENV" "$(python_for 3.11)" "xla,tensorboard,test,tpu-compile" -c "$PINS"
 install "$TODAY_VENV" "$(python_for 3.12)" "all,tpu-compile"
 "$VENV/bin/xbridge" environments add xla "$XLA_VENV/bin/python" >/dev/null
 "$VENV/bin/xbridge" environments add today "$TODAY_VENV/bin/python" >/dev/null

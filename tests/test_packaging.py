@@ -46,7 +46,7 @@ def test_only_what_must_be_pinned_is_pinned_and_explained():
     assert meta["tpu-compile"] == ["libtpu==0.0.50.*; python_version >= '3.12'", "libtpu==0.0.22; python_version < '3.12'"]
     assert "Mosaic IR version 8" in text and "jax[tpu]==0.12.0 asks for libtpu 0.0.50.*" in text
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert '"all,test,tpu-compile" -c "$PINS"' in setup and '"xla,test,tpu-compile" -c "$PINS"' in setup
+    assert '"all,test,tpu-compile" -c "$PINS"' in setup and '"xla,tensorboard,test,tpu-compile" -c "$PINS"' in setup
     assert '"$TODAY_VENV" "$(python_for 3.12)" "all,tpu-compile"\n' in setup
     assert "environments add xla" in setup and "environments add today" in setup
     pins = (ROOT / "scripts" / "pins-2025.txt").read_text().split()
