@@ -101,3 +101,18 @@ def test_broken_plugin_is_reported_not_raised(plugins):
     assert isinstance(backend, ThirdPartyBackend) and target == Target("toy", "cpu")
     with pytest.raises(BackendUnavailable, match="backend 'nodev' has no usable device here"):
         registry.resolve("nodev")
+
+
+def test_jax_is_unavailable_where_its_torchax_cannot_import_on_the_torch_there(monkeypatch):
+    """torchax 0.0.13 on torch >= 2.13 fails at import: backends says so from the versions, before any run."""
+    from xbridge.torch import patches
+
+    jax_backend = registry.load("jax").backend
+    versions = {"torch": "2.14.1+cu130", "torchax": "0.0.13"}
+    monkeypatch.setattr(patches, "installed_version", lambda dist: versions.get(dist))
+    assert jax_backend.unavailable_reason("cpu") == (
+        "torchax 0.0.13 does not import on torch 2.14.1+cu130 (its operator table names overloads torch 2.13 removed); "
+        "install torchax==0.0.14.dev20261026 (pip install 'xbridge[jax]')")
+    for torch, torchax in (("2.9.0+cu128", "0.0.13"), ("2.14.1", "0.0.14.dev20261026")):
+        versions = {"torch": torch, "torchax": torchax}
+        assert jax_backend.unavailable_reason("cpu") is None, (torch, torchax)

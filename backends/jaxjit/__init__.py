@@ -28,6 +28,26 @@ _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda
 _INSTALL_HINT = {"tpu": "pip install 'jax[tpu]' on a TPU VM", "cuda": "pip install 'xbridge[cuda]' on a CUDA machine"}
 
 
+def torchax_mismatch() -> str | None:
+    """Why the installed torchax cannot run with the installed torch, from their versions alone (importing torchax
+    costs seconds): torchax 0.0.13 and earlier name operator overloads torch 2.13 removed, and fail at import."""
+    from packaging.version import InvalidVersion, Version
+
+    from xbridge.torch.patches import installed_version
+
+    torch, torchax = installed_version("torch"), installed_version("torchax")
+    if torch is None or torchax is None:
+        return None
+    try:
+        old = Version(torchax) < Version("0.0.14.dev0") and Version(torch.split("+", 1)[0]) >= Version("2.13")
+    except InvalidVersion:
+        return None
+    if old:
+        return (f"torchax {torchax} does not import on torch {torch} (its operator table names overloads torch 2.13 "
+                "removed); install torchax==0.0.14.dev20261026 (pip install 'xbridge[jax]')")
+    return None
+
+
 class JaxBackend(Backend, AheadOfTime, StepChecks):
     name = "jax"
     devices = ("tpu", "cuda", "cpu")
@@ -61,6 +81,9 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         return found
 
     def device_reason(self, device: str) -> str | None:
+        mismatch = torchax_mismatch()
+        if mismatch is not None:
+            return mismatch
         if device == "cpu":
             return None
         if device == "tpu":
