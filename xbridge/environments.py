@@ -32,6 +32,7 @@ from .errors import BackendUnavailable, ConfigError, RunError
 
 VARIABLE = "XBRIDGE_ENVIRONMENTS"
 HERE = "here"                   # the interpreter running this xbridge (a reserved name)
+FRAMEWORKS = ("torch", "torch_xla", "jax", "torchax")     # the versions that tell environments apart
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
 PROBE_TIMEOUT_S = 180.0
 
@@ -228,6 +229,25 @@ def locate(text: str) -> Located:
         raise BackendUnavailable(f"target {target_text} is unavailable in environment {env.name!r} ({env.python}): "
                                  f"{why}")
     return Located(registry.parse_declared(found), backend, env)
+
+
+def for_packages(text: str) -> tuple[Environment | None, str]:
+    """Where a command for ``TARGET[@ENV]`` runs when it needs the backend's packages rather than a device (run and
+    compile pass the whole command, check asks for verdicts): the environment named, else the first that has the
+    packages this interpreter lacks (None: here); and the target's name there."""
+    target_text, env_name = split_env(text)
+    if env_name is not None:
+        return named(env_name), target_text
+    if "@" in text:             # TARGET@here
+        return None, target_text
+    parsed = registry.parse_target(target_text)
+    return installed_in(parsed if isinstance(parsed, str) else parsed.backend), target_text
+
+
+def stack_text(versions: dict[str, str] | None) -> str:
+    """The framework versions a process ran on, short (torch 2.14.1, jax 0.12.0.1), local build labels left out."""
+    found = versions or {}
+    return ", ".join(f"{k} {found[k].split('+', 1)[0]}" for k in FRAMEWORKS if k in found)
 
 
 def installed_in(backend_name: str) -> Environment | None:

@@ -9,21 +9,8 @@ import subprocess
 from typing import Any
 
 from ..contract.checks import Finding
-from ..environments import ALONE, Environment, installed_in, named, split_env
+from ..environments import ALONE, Environment
 from .record import TargetCheck
-
-
-def where(entry: str) -> tuple[Environment | None, str]:
-    """The environment that checks ``entry`` (None: here) and the target name it knows it by."""
-    from ..contract import registry
-
-    target_text, env_name = split_env(entry)
-    if env_name:
-        return named(env_name), target_text
-    if "@" in entry:            # TARGET@here
-        return None, target_text
-    parsed = registry.parse_target(target_text)
-    return installed_in(parsed if isinstance(parsed, str) else parsed.backend), target_text
 
 
 def check_there(env: Environment, program_path: str, targets: dict[str, str], flags: list[str],

@@ -10,8 +10,6 @@ import typer
 from ..errors import ConfigError
 from .common_options import FORMAT, Format, emit
 
-FRAMEWORKS = ("torch", "torch_xla", "jax", "torchax")
-
 
 def environments(
     action: str = typer.Argument("list", help="list, add NAME PYTHON, or remove NAME."),
@@ -49,7 +47,7 @@ def listing() -> list[dict[str, Any]]:
     def summary(name: str, python: str, version: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         frameworks: dict[str, str] = {}
         for row in rows:
-            frameworks.update({k: v for k, v in row.get("versions", {}).items() if k in FRAMEWORKS})
+            frameworks.update({k: v for k, v in row.get("versions", {}).items() if k in envs.FRAMEWORKS})
         return {"name": name, "python": python, "python_version": version, "frameworks": frameworks,
                 "targets": [row["target"] for row in rows if row["available"]]}
 
@@ -65,11 +63,8 @@ def run_elsewhere(command_line: list[str], backend: str) -> None:
     an environment, run this command line there and exit with its exit code; else return (it runs here, and a
     target that cannot gets its own error here)."""
     from .. import environments as envs
-    from ..contract import registry
 
-    target_text, env_name = envs.split_env(backend)
-    parsed = registry.parse_target(target_text)
-    env = envs.named(env_name) if env_name else envs.installed_in(parsed if isinstance(parsed, str) else parsed.backend)
+    env, target_text = envs.for_packages(backend)
     if env is not None:
         raise typer.Exit(envs.forward(env, with_backend(command_line, target_text)))
 

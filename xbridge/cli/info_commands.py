@@ -80,16 +80,16 @@ def check(
     """Say, without training, where the program will run and why not: every operator of its step against each
     stack's tables, the constructs that change behaviour on some stack, sharding and memory per device; a verdict
     per target. Exit 0 with the report."""
-    from ..check.elsewhere import check_there, where
+    from ..check.elsewhere import check_there
     from ..check.job import CheckOptions
     from ..check.job import check as check_job
-    from ..environments import available_targets
+    from ..environments import available_targets, for_packages
     from .tables import print_check
     from .target_commands import target_list
 
     prog = load_with_overrides(program, precision, mesh=mesh, rng=rng)
     targets = target_list(backends) or available_targets()
-    places = {entry: where(entry) for entry in targets}
+    places = {entry: for_packages(entry) for entry in targets}
     record = check_job(prog, CheckOptions(targets=[name for env, name in places.values() if env is None],
                                           devices=devices))
     flags = ["--devices", str(devices)] + [arg for flag, value in (("--mesh", mesh), ("--precision", precision),

@@ -13,6 +13,7 @@ from ..check.record import CheckRecord
 from ..compare.record import CompareRecord
 from ..compare.versions import describe as describe_pair
 from ..compare.versions import frameworks_text
+from ..environments import stack_text
 from ..parity.record import ParityRecord
 from ..run.record import RunRecord
 
@@ -211,13 +212,6 @@ def print_estimates(record: CompareRecord) -> None:
     console.print(table)
 
 
-def _stack(versions: dict[str, str] | None) -> str:
-    """The framework versions a target ran on, short (torch 2.14.1, jax 0.12.0)."""
-    names = ("torch", "torch_xla", "jax", "torchax")
-    found = versions or {}
-    return ", ".join(f"{k} {found[k].split('+', 1)[0]}" for k in names if k in found)
-
-
 def print_parity(record: ParityRecord) -> None:
     tol = record.tolerance
     table = Table(title=f"parity of {escape(record.program)} ({record.precision}, {record.steps} steps, "
@@ -226,7 +220,7 @@ def print_parity(record: ParityRecord) -> None:
                         f"loss {tol.loss_rtol:g}, params {tol.param_rtol:g}")
     columns = ["target", "verdict", "max loss dev (step)", "first failing step", "max param dev (parameter)"]
     checks = [r.check for r in record.targets if r.check is not None]
-    stacks = {_stack(r.versions) for r in record.targets if r.versions} | {_stack(record.reference.versions)}
+    stacks = {stack_text(r.versions) for r in record.targets if r.versions} | {stack_text(record.reference.versions)}
     if len(stacks - {""}) > 1:       # targets ran on different framework versions (environments): say which
         columns.append("frameworks")
     evals = any(c.max_eval_loss_dev is not None for c in checks)
@@ -259,7 +253,7 @@ def print_parity(record: ParityRecord) -> None:
                  + (f", limit {c.param_limit:.2g}" if c.param_limit > tol.param_rtol else "")
                  + (f": {escape(c.param_note)}" if c.param_note else "")]
         if "frameworks" in columns:
-            cells.append(_stack(r.versions))
+            cells.append(stack_text(r.versions))
         if evals:
             cells.append(f"{c.max_eval_loss_dev:.2e} ({c.max_eval_loss_dev_at})" if c.max_eval_loss_dev is not None
                          else "-")
@@ -280,7 +274,7 @@ def print_parity(record: ParityRecord) -> None:
         table.add_row(*cells)
     console.print(table)
     if "frameworks" in columns:
-        console.print(f"reference {record.reference.target}: {_stack(record.reference.versions)}")
+        console.print(f"reference {record.reference.target}: {stack_text(record.reference.versions)}")
     for r in record.targets:
         if r.cause:
             console.print(f"{escape(r.target)}: [red]FAIL[/] because {escape(r.cause)}")

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..environments import stack_text
 from ..parity import policy
 from .record import CompareRow
 
@@ -21,8 +22,7 @@ def frameworks(row: CompareRow) -> dict[str, str]:
 
 
 def frameworks_text(row: CompareRow) -> str:
-    found = frameworks(row)
-    return ", ".join(f"{k} {v.split('+', 1)[0]}" for k, v in found.items() if k in ("torch", "torch_xla", "jax"))
+    return stack_text(row.result.versions if row.result is not None else None)
 
 
 @dataclass
