@@ -47,6 +47,9 @@ def test_compare_every_available_target(tmp_path):
         # the compile column says whether the persistent caches were cold or warm (eager compiles nothing)
         assert m["compile_cache"] in ((None,) if row["target"] == "eager-cpu" else ("cold", "warm", "partial"))
     assert record["targets"][0]["metrics"]["max_loss_dev"] == 0.0
+    # xla-cpu ran in .venv-xla (xbridge/environments.py): every target started from this interpreter's weights
+    assert record["shared_init"]["xla-cpu"] == "xla" and record["shared_init"]["eager-cpu"] == "here"
+    assert (tmp_path / "initial_weights.npz").is_file()
     advice = record["recommendation"]      # every row passes: the fastest by median step time, and how to run it
     fastest = min(record["targets"], key=lambda row: row["metrics"]["step_ms_median"])
     assert advice["target"] == fastest["target"] and sorted(advice["passing"]) == sorted(targets)
@@ -200,3 +203,6 @@ def test_compare_warmup_follows_a_short_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout)
     assert record["options"]["warmup"] == 1 and record["targets"][0]["status"] == "ok"
+    # one interpreter: every target initialises its own weights, and no weights file is written
+    assert record["shared_init"] is None and not (tmp_path / "initial_weights.npz").exists()
+    assert "--init-state" not in record["targets"][0]["command"]

@@ -175,6 +175,11 @@ def print_compare(record: CompareRecord) -> None:
                       escape(m.attention or "unknown"), f"{m.final_loss:.4f}", dev_text, frameworks_text(row),
                       *([f"{m.eval_loss:.4f}" if m.eval_loss is not None else "-"] if evaluates else []))
     console.print(table)
+    if record.shared_init:
+        from ..compare.report import shared_init_text
+
+        console.print(f"initial weights: this interpreter's, for every target (they ran in several environments: "
+                      f"{escape(shared_init_text(record.shared_init))})")
     for pair in record.version_pairs:
         console.print(("" if pair.matches else "[red]") + escape(describe_pair(pair)) + ("" if pair.matches else "[/]"))
     for row in record.targets:       # in full: a table cell cuts a long error short

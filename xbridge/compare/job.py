@@ -79,7 +79,8 @@ def metrics_of(program: Program, runs: list[TargetRun], flops: int,
 
 
 # The files compare writes into --out (checked before the race: none may be a file xbridge did not write).
-OUTPUTS = ("results.json", "results.csv", "report.md", "loss_deviation.png", "step_time.png", "mfu.png")
+OUTPUTS = ("results.json", "results.csv", "report.md", "loss_deviation.png", "step_time.png", "mfu.png",
+           "initial_weights.npz")
 CSV_FIELDS = ["target", "status", "devices", *(f.name for f in dataclasses.fields(TargetMetrics)), "error"]
 
 
@@ -112,15 +113,27 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     from ..run.summary import machine
     from .estimates import compile_only, estimate
     from .flops import flops_per_step
-    from .versions import version_pairs
+    from .versions import interpreters, version_pairs
 
     reference = resolve_reference(options.reference)
     compiled = compile_only(options.targets or [], options.topology)
     targets = resolve_targets([t for t in options.targets or [] if t not in compiled] or None, reference)
     out.mkdir(parents=True, exist_ok=True)
+    child = options.child()
+    where = interpreters(targets)
+    shared_init = where if len(set(where.values())) > 1 else None
+    if shared_init:
+        # Each environment's torch (transformers, timm) may initialise the program's weights its own way from one
+        # seed: the targets start from this interpreter's weights instead, so that the loss columns compare the
+        # stacks, not two inits. (In one interpreter every target initialises alike, and no weights file is
+        # written: a large model's would be its whole size on disk.)
+        from ..files import write_npz
+        from ..weights import initial_weights
+
+        child.extra += ["--init-state", str(write_npz(out / "initial_weights.npz", initial_weights(program)))]
     runs = []
     for target in targets:
-        run = run_target(program_ref, target, options.child(), out / "runs")
+        run = run_target(program_ref, target, child, out / "runs")
         runs.append(run)
         if progress is not None:
             progress(target, run.status)
@@ -142,7 +155,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         config_hash=program.config_hash, precision=program.precision.name, machine=machine(),
         measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), options=options, flops_per_step=flops,
         reference=reference, loss_limit=policy.tolerance(program.precision).loss_rtol,
-        provenance=provenance(program), targets=rows, estimates=estimates)
+        provenance=provenance(program), targets=rows, estimates=estimates, shared_init=shared_init)
     record.version_pairs = version_pairs(rows, policy.tolerance(program.precision))
     if options.recommend:
         record.recommendation = recommend(rows, reference, options.steps, program.precision.name,

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 __all__ = ["Recommendation", "recommend", "run_command"]
 
 # What a compare child gets that a user's own run does not need: where compare keeps its files, the JSON on stdout,
-# the race's step count and warm-up, a TensorBoard folder and a profile window of compare's own.
-_RACE_ONLY = {"--out": 1, "--format": 1, "--steps": 1, "--warmup": 1, "--tensorboard": 1, "--profile": 1}
+# the race's step count and warm-up, a TensorBoard folder and a profile window of compare's own, and the initial
+# weights compare hands targets that run in several environments (the program initialises its own in a run).
+_RACE_ONLY = {"--out": 1, "--format": 1, "--steps": 1, "--warmup": 1, "--tensorboard": 1, "--profile": 1,
+              "--init-state": 1}
 
 
 def run_command(child: list[str]) -> str:

@@ -104,6 +104,8 @@ class CompareRecord:
     estimates: list[EstimateRow] = dataclasses.field(default_factory=list)   # compile-only rows (--topology)
     recommendation: Recommendation | None = None     # the target to run (None: --no-recommend)
     version_pairs: list[Any] = dataclasses.field(default_factory=list)   # compare/versions.py: a target in two envs
+    shared_init: dict[str, str] | None = None   # targets in several environments: where each ran ("here" or a
+                                                # name); every one started from initial_weights.npz
     written: list[str] | None = None     # the files written under --out (not in results.json itself)
 
     @property

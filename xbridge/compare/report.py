@@ -38,6 +38,14 @@ def estimates_section(record: CompareRecord) -> list[str]:
     return lines
 
 
+def shared_init_text(where: dict[str, str]) -> str:
+    """``{"eager-cpu": "here", "xla-cpu": "xla"}`` -> ``"here: eager-cpu; xla: xla-cpu"``."""
+    by_env: dict[str, list[str]] = {}
+    for target, env in where.items():
+        by_env.setdefault(env, []).append(target)
+    return "; ".join(f"{env}: {', '.join(targets)}" for env, targets in by_env.items())
+
+
 def recommendation_section(record: CompareRecord) -> list[str]:
     """The target to run, why, and its command; or why there is none (compare --no-recommend: nothing)."""
     advice = record.recommendation
@@ -112,6 +120,10 @@ def render(record: CompareRecord) -> str:
         lines += ["", "Versions, per target (each ran in its own environment's interpreter):", ""]
         lines += [f"- {row.target}: " + ", ".join(f"{k} {v}" for k, v in sorted(row.result.versions.items()))
                   for row in ran if row.result is not None]
+    if record.shared_init:
+        lines += ["", f"The targets ran in several environments ({shared_init_text(record.shared_init)}), whose "
+                      "frameworks may initialise a program's weights differently: every target started from the "
+                      "weights of the interpreter that ran the compare (initial_weights.npz)."]
     if record.version_pairs:
         lines += ["", "The same target in two environments:", ""]
         lines += [f"- {describe(pair)}" for pair in record.version_pairs]

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..environments import stack_text
+from ..environments import locate, stack_text
 from ..parity import policy
 from .record import CompareRow
 
@@ -46,6 +46,18 @@ class VersionPair:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> VersionPair:
         return cls(**data)
+
+
+def interpreters(targets: list[str]) -> dict[str, str]:
+    """Where each target (``TARGET[@ENV][:OPTION=VALUE]``) runs: ``here`` or its environment's name. Two
+    environments may hold different torch, transformers or timm versions, and each initialises a program's weights
+    its own way: a compare whose targets span environments hands them one set of initial weights
+    (:func:`xbridge.compare.job.compare`)."""
+    found = {}
+    for entry in targets:
+        env = locate(entry.split(":")[0]).env
+        found[entry] = "here" if env is None else env.name
+    return found
 
 
 def _base(label: str) -> str:

@@ -8,6 +8,7 @@ step k gives exactly the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import functools
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,22 @@ def _check_batch(owner: str, batch_size: object) -> None:
     positive_int(batch_size, f"{owner} batch_size")
 
 
+# Which standard library the text comes from: Python 3.11's and 3.12's differ, so a command whose targets run in
+# other environments (xbridge/environments.py) names its own for them (parity's and compare's targets:
+# xbridge/run/isolated.py; run, compile and check passed to another interpreter: environments.forward): each reads
+# the same bytes, whatever Python it runs on.
+STDLIB_ROOT = "XBRIDGE_STDLIB_ROOT"
+
+
+def stdlib_root() -> str:
+    """The standard library folder ``ByteText.python_stdlib`` reads: ``$XBRIDGE_STDLIB_ROOT``, else this Python's."""
+    return os.environ.get(STDLIB_ROOT) or sysconfig.get_paths()["stdlib"]
+
+
 @functools.lru_cache(maxsize=4)
 def stdlib_corpus(max_bytes: int) -> np.ndarray:
     """The bytes of the Python standard library's own ``.py`` files (sorted paths, concatenated), as uint8."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = Path(stdlib_root())
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
     if not files:
         raise ConfigError(f"no Python source files found under the standard library at {root}")
