@@ -322,8 +322,12 @@ def forward(env: Environment, argv: list[str]) -> int:
     import signal
     import threading
 
+    from .data.bundled import STDLIB_ROOT, stdlib_root
+
     piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
-    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env={**os.environ, **ALONE},
+    # the text data this interpreter would read (another Python's standard library holds other text)
+    child_env = {**os.environ, **ALONE, STDLIB_ROOT: stdlib_root()}
+    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env=child_env,
                             stdout=piped[0], stderr=piped[1], text=True, process_group=0)
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
@@ -345,13 +349,15 @@ def forward(env: Environment, argv: list[str]) -> int:
     return proc.returncode
 
 
-def _pipe_unless_file(stream: Any) -> int | None:
+def _pipe_unless_file(stream: Any) -> int:
+    """The child's end for ``stream``: its own descriptor (sys.stdout's is a copy of the real stdout, not 1:
+    xbridge/run/framework_noise.py), or a pipe where it has none."""
     try:
-        stream.fileno()
+        descriptor = int(stream.fileno())
     except (AttributeError, OSError, ValueError):
         return subprocess.PIPE
     stream.flush()
-    return None
+    return descriptor
 
 
 def add(name: str, python: str) -> dict[str, Any]:

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..run import framework_noise
 
     framework_noise.silence()
+    framework_noise.native_stdout_to_stderr()
     debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
     try:
         code = app(args=argv, prog_name="xbridge", standalone_mode=False)

@@ -179,7 +179,10 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
             else:
                 env.pop(ERROR_FILE, None)
             with contextlib.ExitStack() as files:
-                out = None if index == 0 else files.enter_context(open(logs / f"process{index}.out", "wb"))
+                # process 0 prints to this command's stdout (sys.stdout: native output is kept off the real one,
+                # xbridge/run/framework_noise.py)
+                sys.stdout.flush()
+                out = sys.stdout if index == 0 else files.enter_context(open(logs / f"process{index}.out", "wb"))
                 err = None if index == 0 else files.enter_context(open(logs / f"process{index}.log", "wb"))
                 # each in its own process group: a Ctrl-C at the terminal reaches this supervisor alone, which
                 # passes exactly one SIGINT to each (a second one would abort the final checkpoint)

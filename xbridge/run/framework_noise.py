@@ -6,7 +6,8 @@ the run record (the target and its device) or does not apply to the run.
   default device and says so; the xla targets set ``PJRT_DEVICE`` themselves (backends/xlaspmd).
 - ``No CUDA runtime is found, using CUDA_HOME=...``: torch.utils.cpp_extension, imported by Inductor's C++ code
   cache on a machine with a CUDA toolkit and no GPU; the run record names the device the run used.
-- ``Profiler function <class 'torch.autograd.profiler.record_function'> will be ignored``: Dynamo, compiling
+- ``Profiler function <class 'torch.autograd.profiler.record_function'> will be ignored`` (torch 2.9; from torch
+  2.14 ``Profiler record function ... will be ignored``, logged by Dynamo's context managers): Dynamo, compiling
   ``torch.optim``'s step (inductor), which marks itself with ``record_function`` for the profiler; compiled code
   carries no such marks, and the run's own profile (``--profile``) names the compiled kernels instead.
 
@@ -18,7 +19,14 @@ call writes there and passes on every line but the listed ones. Used for:
 
 - ``E ... python_hooks.cc:416] Can't import tensorflow.python.profiler.trace``: jaxlib's profiler (jax 0.7.1)
   looks for TensorFlow's TraceMe hooks when a trace starts and stops, and logs at ERROR where TensorFlow is not
-  installed, twice a ``--profile`` on jax; the trace is complete without them."""
+  installed, twice a ``--profile`` on jax; the trace is complete without them.
+
+Native code writes to file descriptor 1 too, where xbridge's own output is (``--format json`` is read from it):
+:func:`native_stdout_to_stderr` sends what it writes there to stderr, less the lines of ``STDOUT_NOISE``:
+
+- ``[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1``: Gloo, jaxlib
+  0.12's CPU collectives, each time a process of a several-process job connects to its peers (several times a
+  run); the run record names the processes."""
 
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ NOISE = {
     "root": ("Defaulting to PJRT_DEVICE=CPU",),
     "torch.utils.cpp_extension": ("No CUDA runtime is found",),
     "torch._dynamo.variables.torch": ("Profiler function",),
+    "torch._dynamo.variables.ctx_manager": ("Profiler record function",),
 }
 
 
@@ -56,6 +65,47 @@ def silence() -> None:
 
 # what native code writes to stderr that is dropped: a fragment of each such line
 NATIVE_NOISE = ("Can't import tensorflow.python.profiler.trace",)
+# what native code writes to stdout that is dropped (the rest of it goes to stderr): the start of each such line
+STDOUT_NOISE = (b"[Gloo] Rank ",)
+
+
+def native_stdout_to_stderr() -> None:
+    """From here on, file descriptor 1 is a pipe whose lines a thread passes to stderr, less ``STDOUT_NOISE``;
+    ``sys.stdout`` writes to a copy of the real stdout, which then holds only what xbridge prints (its tables, the
+    JSON of ``--format json``). Only where ``sys.stdout`` is this process's descriptor 1 (not when the CLI runs
+    in-process with its streams captured); once per process. A child process that is to print to the real stdout
+    is given ``sys.stdout`` (xbridge/processes/supervisor.py)."""
+    import atexit
+    import threading
+
+    try:
+        if sys.stdout is not sys.__stdout__ or sys.stdout.fileno() != 1:
+            return
+    except (AttributeError, OSError, ValueError):
+        return
+    sys.stdout.flush()
+    real = os.dup(1)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+    sys.stdout = sys.__stdout__ = open(real, "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                                       buffering=1 if sys.stdout.line_buffering else -1)
+
+    def relay() -> None:
+        with open(read_end, "rb", buffering=0) as lines:
+            for line in iter(lines.readline, b""):
+                if not line.startswith(STDOUT_NOISE):
+                    os.write(2, line)
+
+    thread = threading.Thread(target=relay, name="xbridge-native-stdout", daemon=True)
+    thread.start()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            os.dup2(2, 1)           # this process's write end closed: the relay reads to the end (children's
+        thread.join(timeout=2.0)    # copies of it, if any are still running, are not waited for)
+
+    atexit.register(drain)
 
 
 @contextlib.contextmanager
