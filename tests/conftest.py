@@ -50,6 +50,18 @@ def _jax_devices_in_this_process():
     jax.config.update("jax_platforms", "cpu")   # as the jax-cpu target does: libtpu (xbridge compile) stays unloaded
 
 
+@pytest.fixture(autouse=True)
+def _torchax_leaves_dynamo_working():
+    """A test module that imports torchax itself (test_jax_backend's importorskip, at collection, in every worker)
+    leaves torch.accelerator taking torchax's ``jax`` device for an accelerator with streams, and Dynamo on torch
+    2.14 then fails in every later in-process inductor test of that worker. An xbridge process imports torchax only
+    through the jax backend, which corrects that first (backends/jaxjit/patches.py): so does each test here."""
+    if "torchax" in sys.modules:
+        from xbridge.backends.jaxjit import patches
+
+        patches.keep_dynamo_tracing()
+
+
 @pytest.fixture(scope="session")
 def gpt_program():
     from xbridge.program_file import load_program

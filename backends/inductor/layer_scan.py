@@ -4,6 +4,12 @@ compiles the first layer once and stamps that code out for every other layer (an
 the one graph of the loss), instead of unrolling every layer's operations into the graph. The loss stays one
 compiled graph, forward and backward; the parameters keep their eager names and modules.
 
+Only on torch 2.9 (:data:`VERIFIED`): on torch 2.14.1 the region, bound to each layer, computes every layer with one
+layer's weights (a four-layer GPT's step-0 loss 3e-3 from eager's; a toy of four Linear layers 17.01 against
+14.73), and a region over ``torch.func.functional_call`` with each layer's tensors as its inputs got the forward
+right and the first layer's gradients wrong (measured 2026-12-07). Elsewhere scan_layers is refused before
+anything compiles.
+
 One region function serves every layer: each layer's ``forward`` becomes that function bound to the layer, and the
 layer's parameters and buffers reach it as the graph's inputs. Layers of different structure are refused, as are
 layers that update running statistics in their forward (a compiled region may not mutate its inputs), and
@@ -23,16 +29,32 @@ from typing import Any
 
 import torch
 
+from xbridge.errors import ConfigError
 from xbridge.ir.program import Program
 from xbridge.torch.remat import recomputed, scanned_layers, torch_checkpoint
 
 _regions: dict[tuple[Callable[..., Any], str], Callable[..., Any]] = {}   # (forward, remat) -> its one region
+VERIFIED = ">=2.9,<2.10"     # the torch releases whose nested compile region gives eager's losses here
+
+
+def refuse_where_wrong(version: str) -> None:
+    """scan_layers on inductor only on a torch it was measured right on (the module docstring says why)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    release = Version(version).base_version
+    if release not in SpecifierSet(VERIFIED):
+        raise ConfigError(f"StepOptions scan_layers is not available on inductor with torch {release}: its nested "
+                          "compile region gives wrong losses there (every layer computed with one layer's weights; "
+                          f"right on torch {VERIFIED}); use scan_layers=False, or jax or xla, which scan on any "
+                          "torch")
 
 
 def apply(model: torch.nn.Module, program: Program) -> str | None:
     """Make the layers one compile region (nothing unless ``program.step.scan_layers``); returns their path."""
     if not program.step.scan_layers:
         return None
+    refuse_where_wrong(torch.__version__)
     found = scanned_layers(model, program, "inductor", "the layers' compile region")
     assert found is not None
     path, layers = found

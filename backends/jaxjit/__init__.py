@@ -163,11 +163,11 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
             return
         import jax
 
-        if not jax.config.jax_platforms:  # type: ignore[attr-defined]
+        if not jax.config.jax_platforms:
             # the CPU only: with libtpu installed (xbridge compile) JAX would otherwise load it on its first
             # jax.devices() and print its warnings about a missing TPU (bench/results/tpu-aot/NOTES.md, section 6)
             jax.config.update("jax_platforms", "cpu")
-        asked = int(jax.config.jax_num_cpu_devices)  # type: ignore[attr-defined]  # (-1: not set)
+        asked = int(jax.config.jax_num_cpu_devices)  # (-1: not set)
         try:
             jax.config.update("jax_num_cpu_devices", max(devices, _requested_cpu_devices(), asked))
         except RuntimeError:  # already initialised in this process: use what it has

@@ -36,7 +36,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -78,8 +78,9 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
             mask = attn_mask
         else:
             bias = attn_mask.astype(q.dtype)
+    # implementation: "xla" or "cudnn" (checked where the option is read); jax types it as a Literal
     out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-                                       implementation=implementation)  # type: ignore[arg-type]
+                                       implementation=cast(Any, implementation))
     return jnp.swapaxes(out, -3, -2)
 
 

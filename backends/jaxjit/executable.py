@@ -81,7 +81,7 @@ def _listen_once() -> None:
 
 def enable_compilation_cache() -> None:
     """JAX's persistent compilation cache, on by default (JAX_COMPILATION_CACHE_DIR still wins)."""
-    if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # (flags are declared at run time)
+    if not jax.config.jax_compilation_cache_dir:  # (flags are declared at run time)
         jax.config.update("jax_compilation_cache_dir", str(cache_dir("jax")))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 

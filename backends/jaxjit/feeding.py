@@ -24,7 +24,7 @@ from xbridge.run.rng import rng_rows
 def to_jax_dtype(array: np.ndarray, float_dtype: Any, where: str = "batch", key: str = "") -> np.ndarray:
     if np.issubdtype(array.dtype, np.floating):
         return array.astype(float_dtype, copy=False)
-    if array.dtype == np.int64 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+    if array.dtype == np.int64 and not jax.config.jax_enable_x64:
         check_int32({key: array}, where)
         return array.astype(np.int32)
     return array
@@ -33,7 +33,7 @@ def to_jax_dtype(array: np.ndarray, float_dtype: Any, where: str = "batch", key:
 def check_int32(batch: dict[str, np.ndarray], where: str) -> None:
     """JAX computes integers in int32 (x64 off, as xbridge runs it): an int64 array with a value outside int32 would
     wrap around. One line naming the key and ``where`` (the source and step) instead."""
-    if jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+    if jax.config.jax_enable_x64:
         return
     limits = np.iinfo(np.int32)
     for key, value in batch.items():

@@ -17,6 +17,13 @@ xbridge/torch/patches.py states the rule and holds the version guard). :func:`ap
   ``aten::scaled_dot_product_attention`` go to a JAX kernel (backends/jaxjit/attention.py), written into
   ``Environment._ops`` as JAX functions; the entries that were there are put back after the trace (torchax has no
   public way to remove an override).
+- the accelerator: torchax names torch's privateuse1 device ``jax`` and registers a device module whose
+  ``is_available()`` is True, so ``torch.accelerator`` takes it for an accelerator with streams. Dynamo asks
+  ``torch.accelerator.current_stream()`` when it starts a trace (torch 2.14; 2.9 did not), and torch raises
+  "PyTorch is not linked with support for jax devices": inductor in a process that has lowered for jax (a test
+  worker, ``check`` over several targets) could not compile. torchax's ``jax`` device has no streams and no device
+  guard: ``torchax.device_module.is_available`` says it is not such an accelerator (torchax itself never asks).
+  Undone: torchax's function put back.
 - custom autograd Functions (:func:`custom_functions`): only while a loss is traced, ``torch.autograd.Function.apply``
   (torch's classmethod, which no torch function mode sees) sends a call with a torchax tensor among its arguments to
   backends/jaxjit/custom_functions.py, which makes the Function's forward and backward a ``jax.custom_vjp`` (torchax
@@ -42,16 +49,33 @@ ATTENTION = Patch("torchax's operator table (scaled_dot_product_attention routed
                   shared.TORCHAX)
 CUSTOM_FUNCTIONS = Patch("torch.autograd.Function.apply (a Function's forward and backward as a jax.custom_vjp)",
                          "torch", shared.TORCH)
+ACCELERATOR = Patch("torchax.device_module.is_available (torch.accelerator, which Dynamo asks for a stream)",
+                    "torchax", shared.TORCHAX)
 _PATCHES = PatchSet(AUTOCAST, OPERATORS, ATTENTION)
+_ACCELERATOR = PatchSet(ACCELERATOR)
 
 
 def apply() -> None:
     """Check the pins, then install the autocast hook and the lowerings (once per process)."""
     _PATCHES.apply(_install)
+    keep_dynamo_tracing()
+
+
+def keep_dynamo_tracing() -> None:
+    """torchax's ``jax`` device is no accelerator with streams (once per process; the module docstring says why):
+    part of :func:`apply`, and what a process that imports torchax by itself and compiles with Dynamo needs too."""
+    _ACCELERATOR.apply(lambda patches: patches.set(_device_module(), "is_available", _not_a_streaming_accelerator))
+
+
+def _device_module() -> Any:
+    import torchax.device_module
+
+    return torchax.device_module
 
 
 def undo() -> None:
     _PATCHES.undo()
+    _ACCELERATOR.undo()
 
 
 def _install(patches: PatchSet) -> None:
@@ -77,6 +101,10 @@ def _install(patches: PatchSet) -> None:
         for key in (packet, packet.default):
             patches.record_item(env._ops, key)
             env.override_op_definition(key, impl)
+
+
+def _not_a_streaming_accelerator() -> bool:
+    return False
 
 
 @contextlib.contextmanager
@@ -113,8 +141,8 @@ def custom_functions() -> Iterator[None]:
         # (_C._FunctionBase.__dict__["apply"], no __func__) from torch 2.14 on; __get__ binds either to cls
         return original.__get__(None, cls)(*args, **kwargs)
 
-    owner.apply = classmethod(routed.routed_apply(torch_apply))    # type: ignore[assignment,method-assign]
+    owner.apply = classmethod(routed.routed_apply(torch_apply))
     try:
         yield
     finally:
-        owner.apply = original              # type: ignore[method-assign]
+        owner.apply = original

@@ -65,6 +65,8 @@ def custom_calls(hlo: str, target: str = "tpu_custom_call") -> int:
 
 _USED = re.compile(r"Used ([0-9.]+)([KMGT]?) of ([0-9.]+)([KMGT]?) hbm")
 _ALLOC = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
+# libtpu 0.0.50 (jax 0.12): "the total memory required for HLO temporaries (56.01G) exceeds available HBM (15.75G)"
+_REQUIRED = re.compile(r"memory required for [^(]*\(([0-9.]+)([KMGT]?)\) exceeds available HBM")
 _UNIT = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 
 
@@ -78,4 +80,6 @@ def out_of_memory(message: str) -> tuple[str, int | None] | None:
         return first, int(float(m[1]) * _UNIT[m[2]])
     if m := _ALLOC.search(message):
         return first, int(m[1])
+    if m := _REQUIRED.search(message):
+        return first, int(float(m[1]) * _UNIT[m[2]])
     return first, None

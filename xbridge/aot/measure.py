@@ -25,8 +25,8 @@ def no_persistent_cache() -> Iterator[None]:
     time; both settings are put back after."""
     import jax
 
-    saved = (jax.config.jax_enable_compilation_cache,  # type: ignore[attr-defined]
-             jax.config.jax_persistent_cache_min_compile_time_secs)  # type: ignore[attr-defined]
+    saved = (jax.config.jax_enable_compilation_cache,
+             jax.config.jax_persistent_cache_min_compile_time_secs)
     jax.config.update("jax_enable_compilation_cache", False)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
     try:

@@ -51,7 +51,8 @@ class Patch:
     supported: str
 
 
-RANDOM_FACTORIES = Patch("torch.rand/randn/randint/randperm/normal forwarded to the portable generator (Dynamo's "
+RANDOM_FACTORIES = Patch("torch.rand/randn/randint/randperm/normal and the _like factories forwarded to the portable "
+                         "generator (Dynamo's "
                          "torch object map built first)", "torch", TORCH)
 PATCHES = (RANDOM_FACTORIES,)
 

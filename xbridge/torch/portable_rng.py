@@ -169,22 +169,28 @@ class PortableRandom(TorchFunctionMode):
 # xla's openxla mode) does not route them to a TorchFunctionMode, as eager torch does. Around a compiled loss call
 # (:func:`factories`) they are replaced by forwarders to the active generator (_ACTIVE), which Dynamo traces as
 # Python; outside a portable loss the forwarders call the original. The replacement itself is a patch of torch
-# (xbridge/torch/patches.py).
+# (xbridge/torch/patches.py). The ``_like`` factories take a tensor and reached the mode under Dynamo up to torch
+# 2.9; torch 2.14's Dynamo traces ``torch.randn_like`` past it (inductor's portable losses then drew torch's own
+# numbers: measured on tests/fixtures/stochastic.py, 4e-4 from eager's at step 0), so they are forwarded too.
 _ACTIVE: list[PortableRandom] = []
-_ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal)}
+_ORIGINAL = {f.__name__: f for f in (torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal,
+                                     torch.rand_like, torch.randn_like, torch.randint_like)}
 
 
 def _a_compiler_calls() -> bool:
     """Whether a compiler's own code calls the factory while it compiles a loss, not the loss: Inductor's pattern
     matcher traces ``torch.randperm`` (fx_passes/misc_patterns.py) on first use, inside the loss's compile, with a
-    portable loss active. Dynamo tracing the loss reads ``is_compiling()`` as True and never traces the check;
-    run for real, it is a compiler's call while Dynamo's compile context is open (a graph break's eager code runs
-    outside it)."""
-    if torch.compiler.is_compiling():
+    portable loss active. Dynamo tracing the loss reads ``is_dynamo_compiling()`` as True (in real execution it is
+    False) and never traces the check; run for real, it is a compiler's call while Dynamo's compile context is open
+    (a graph break's eager code runs outside it) or while make_fx traces. (``is_compiling()`` served as the first
+    test up to torch 2.9; torch 2.14 holds it True in real execution for the whole compile, pattern matcher
+    included, and the matcher's fake tensors reached the portable generator.)"""
+    if torch.compiler.is_dynamo_compiling():
         return False
     from torch._guards import CompileContext
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-    return CompileContext.try_get() is not None
+    return CompileContext.try_get() is not None or get_proxy_mode() is not None
 
 
 def _forwarder(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -203,8 +209,9 @@ _FORWARDERS = {name: _forwarder(original) for name, original in _ORIGINAL.items(
 
 
 def factories() -> contextlib.AbstractContextManager[None]:
-    """``torch.rand``, ``randn`` and ``randint`` forwarded to the portable generator while a (compiled) loss runs,
-    and put back after (:func:`xbridge.torch.patches.replaced_factories`)."""
+    """``torch.rand``, ``randn``, ``randint``, ``randperm``, ``normal`` and the ``_like`` factories forwarded to the
+    portable generator while a (compiled) loss runs, and put back after
+    (:func:`xbridge.torch.patches.replaced_factories`)."""
     return replaced_factories(_FORWARDERS)
 
 
