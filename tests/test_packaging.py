@@ -35,7 +35,8 @@ def test_only_what_must_be_pinned_is_pinned_and_explained():
     """torch and jax are ranges (installing xbridge keeps the ones an environment has); torch_xla pins torch (its
     wheel is built against 2.9.x), which puts xla in an environment of its own, outside `all`; torchax is held to the
     two versions the jax plugin's patches are written for; libtpu follows the Python version's jax line; make setup's
-    suite environments take the pins of scripts/pins-2025.txt, .venv-today none."""
+    .venv (Python 3.12) takes today's frameworks from scripts/pins.txt, .venv-xla (3.11) torch 2.9's from
+    scripts/pins-xla.txt, as constraints."""
     text = (ROOT / "pyproject.toml").read_text()
     meta = tomllib.loads(text)["project"]["optional-dependencies"]
     assert "torch>=2.9,<2.16" in meta["eager"] and "jax>=0.7.1,<0.13,!=0.12.1" in meta["jax"]
@@ -46,8 +47,10 @@ def test_only_what_must_be_pinned_is_pinned_and_explained():
     assert meta["tpu-compile"] == ["libtpu==0.0.50.*; python_version >= '3.12'", "libtpu==0.0.22; python_version < '3.12'"]
     assert "Mosaic IR version 8" in text and "jax[tpu]==0.12.0 asks for libtpu 0.0.50.*" in text
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert '"all,test,tpu-compile" -c "$PINS"' in setup and '"xla,tensorboard,test,tpu-compile" -c "$PINS"' in setup
-    assert '"$TODAY_VENV" "$(python_for 3.12)" "all,tpu-compile"\n' in setup
-    assert "environments add xla" in setup and "environments add today" in setup
-    pins = (ROOT / "scripts" / "pins-2025.txt").read_text().split()
-    assert {"torch==2.9.0", "jax==0.7.1", "torchax==0.0.13", "libtpu==0.0.22"} <= set(pins)
+    assert '"$(python_for 3.12)" "all,test,tpu-compile" -c "$PINS"' in setup
+    assert '"$(python_for 3.11)" "xla,tensorboard,test,tpu-compile" -c "$XLA_PINS"' in setup
+    assert "environments add xla" in setup
+    pins = (ROOT / "scripts" / "pins.txt").read_text().split()
+    assert {"torch==2.14.1", "jax==0.12.0.1", "torchax==0.0.14.dev20261026", "libtpu==0.0.50.1"} <= set(pins)
+    xla_pins = (ROOT / "scripts" / "pins-xla.txt").read_text().split()
+    assert {"torch==2.9.0", "jax==0.7.1", "torchax==0.0.13", "libtpu==0.0.22"} <= set(xla_pins)
