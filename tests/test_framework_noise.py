@@ -67,6 +67,7 @@ def test_jaxs_profiler_tensorflow_lines_are_dropped():
     assert line not in _stderr(quiet, silenced=False)
 
 
+@pytest.mark.slow
 def test_native_stdout_reaches_stderr_and_the_json_stays_whole(tmp_path):
     """What native code prints on file descriptor 1 during a run (jaxlib 0.12's Gloo does, in every process of a
     job) no longer lands in the middle of `--format json`: it reaches stderr, less Gloo's connection lines, and

@@ -113,6 +113,7 @@ def test_full_gpt_plan_shards_the_mlp(gpt_program):
     assert made.param("blocks.0.ln1.weight").shard_shape == (256,)
 
 
+@pytest.mark.slow
 def test_tiny_gpt_bf16_mixed_shard_map(tiny_gpt):
     """The GPT's architecture in bf16-mixed under shard_map at 8 devices: parity, the live shardings as planned,
     and no recompile after the first step."""

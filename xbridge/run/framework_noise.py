@@ -78,18 +78,20 @@ def native_stdout_to_stderr() -> None:
     import atexit
     import threading
 
+    stream = sys.stdout
     try:
-        if sys.stdout is not sys.__stdout__ or sys.stdout.fileno() != 1:
+        if id(stream) != id(sys.__stdout__) or stream.fileno() != 1:    # id: no narrowing to Optional
             return
     except (AttributeError, OSError, ValueError):
         return
-    sys.stdout.flush()
+    stream.flush()
     real = os.dup(1)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 1)
     os.close(write_end)
-    sys.stdout = sys.__stdout__ = open(real, "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors,
-                                       buffering=1 if sys.stdout.line_buffering else -1)
+    line_buffered = bool(getattr(stream, "line_buffering", False))
+    sys.stdout = open(real, "w", encoding=stream.encoding, errors=getattr(stream, "errors", None),
+                      buffering=1 if line_buffered else -1)
 
     def relay() -> None:
         with open(read_end, "rb", buffering=0) as lines:
