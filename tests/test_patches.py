@@ -163,7 +163,8 @@ def test_the_patches_apply_once_and_undo_restores(checked):
 
 def test_the_scoped_patches_are_put_back(checked):
     inside = checked["inside"]
-    assert inside["factories"] == ["torch.normal", "torch.rand", "torch.randint", "torch.randn", "torch.randperm"]
+    assert inside["factories"] == ["torch.normal", "torch.rand", "torch.rand_like", "torch.randint",
+                                   "torch.randint_like", "torch.randn", "torch.randn_like", "torch.randperm"]
     if "xlaspmd" in checked["stacks"]:
         assert inside["recording_scans"] == ["torch_xla._XLAC._xla_user_computation"]
     if "jaxjit" in checked["stacks"]:

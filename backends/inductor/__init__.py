@@ -76,11 +76,17 @@ class InductorBackend(TorchDeviceBackend, StepChecks):
         """Inductor's on-disk caches under the user's cache folder (kept between runs), and its debug trace (FX
         graphs, generated code) under --dump.
 
-        ``TORCHINDUCTOR_CACHE_DIR`` is read at each cache access. The other settings are read once, when their
-        torch config module is imported, which building the model on the meta device (the plan) may already have
-        done in this process: they are set on the config modules here, and as environment variables for the
-        processes started later (the distributed workers)."""
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+        ``TORCHINDUCTOR_CACHE_DIR`` is read at each cache access (a value the user set wins). The other settings
+        are read once, when their torch config module is imported, which building the model on the meta device
+        (the plan) may already have done in this process: they are set on the config modules here, and as
+        environment variables for the processes started later (the distributed workers)."""
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # torch's cache_dir() writes its default into the variable when it finds none, and torch 2.14 calls it
+        # before this (the first run in a fresh cache folder then read and wrote /tmp/torchinductor_$USER): a value
+        # equal to that default is torch's own, not the user's
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir("inductor"))
         import torch._inductor.config as inductor_config
 
         from . import patches  # the settings on torch's config modules (patches.py)

@@ -103,6 +103,12 @@ def native_stdout_to_stderr() -> None:
     thread.start()
 
     def drain() -> None:
+        # what C's stdio still buffers for descriptor 1 (a pipe: block-buffered; Gloo's lines wait there) goes
+        # through the relay now, not straight to stderr when the process exits after this
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None).fflush(None)
         with contextlib.suppress(OSError):
             os.dup2(2, 1)           # this process's write end closed: the relay reads to the end (children's
         thread.join(timeout=2.0)    # copies of it, if any are still running, are not waited for)
