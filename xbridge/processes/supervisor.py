@@ -36,7 +36,9 @@ def last_error(log: Path) -> str | None:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return None
-    lines = [line for line in lines if not line.startswith("[Gloo]")]
+    # Gloo's connection lines (torch's on stderr; jaxlib's on stdout, relayed: xbridge/run/framework_noise.py), also
+    # when another writer's output cut one in two
+    lines = [line for line in lines if not line.startswith("[Gloo]") and "connected peer ranks" not in line]
     for line in reversed(lines):
         if line.startswith("error:") or "Error" in line:
             return line.removeprefix("error: ")

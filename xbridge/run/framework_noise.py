@@ -65,8 +65,8 @@ def silence() -> None:
 
 # what native code writes to stderr that is dropped: a fragment of each such line
 NATIVE_NOISE = ("Can't import tensorflow.python.profiler.trace",)
-# what native code writes to stdout that is dropped (the rest of it goes to stderr): the start of each such line
-STDOUT_NOISE = (b"[Gloo] Rank ",)
+# what native code writes to stdout that is dropped (the rest of it goes to stderr): a fragment of each such line
+STDOUT_NOISE = (b"[Gloo] Rank ", b"Expected number of connected peer ranks")
 
 
 def native_stdout_to_stderr() -> None:
@@ -96,7 +96,7 @@ def native_stdout_to_stderr() -> None:
     def relay() -> None:
         with open(read_end, "rb", buffering=0) as lines:
             for line in iter(lines.readline, b""):
-                if not line.startswith(STDOUT_NOISE):
+                if not any(fragment in line for fragment in STDOUT_NOISE):
                     os.write(2, line)
 
     thread = threading.Thread(target=relay, name="xbridge-native-stdout", daemon=True)
