@@ -313,6 +313,15 @@ def _rows_or_failure(env: Environment) -> list[dict[str, Any]]:
         return [{"target": "*", "available": False, "reason": str(exc), "versions": {}, "devices": 0}]
 
 
+def handed_down() -> dict[str, str]:
+    """What an xbridge child in another interpreter takes from this one, whichever command starts it (a forwarded
+    run, compile or check, parity's and compare's targets): the standard library the bundled text is read from
+    (another Python's holds other text; xbridge/data/bundled.py)."""
+    from .data.bundled import STDLIB_ROOT, stdlib_root
+
+    return {STDLIB_ROOT: stdlib_root()}
+
+
 def forward(env: Environment, argv: list[str]) -> int:
     """Run ``xbridge ARGV`` in ``env`` (its interpreter), this process waiting: its output is this command's output
     and its exit code this command's. The child has a process group of its own, so that Ctrl-C (SIGINT) and SIGTERM
@@ -322,12 +331,8 @@ def forward(env: Environment, argv: list[str]) -> int:
     import signal
     import threading
 
-    from .data.bundled import STDLIB_ROOT, stdlib_root
-
     piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
-    # the text data this interpreter would read (another Python's standard library holds other text)
-    child_env = {**os.environ, **ALONE, STDLIB_ROOT: stdlib_root()}
-    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env=child_env,
+    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env={**os.environ, **ALONE, **handed_down()},
                             stdout=piped[0], stderr=piped[1], text=True, process_group=0)
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}

@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 from ..contract.checks import Finding
-from ..environments import ALONE, Environment
+from ..environments import ALONE, Environment, handed_down
 from .record import TargetCheck
 
 
@@ -21,7 +21,7 @@ def check_there(env: Environment, program_path: str, targets: dict[str, str], fl
            "--format", "json"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, **ALONE, "XBRIDGE_DEBUG": "0"})
+                              env={**os.environ, **ALONE, **handed_down(), "XBRIDGE_DEBUG": "0"})
         rows: list[dict[str, Any]] = json.loads(proc.stdout)["targets"] if proc.returncode == 0 else []
         failure = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import registry
-from ..environments import locate, split_env
+from ..environments import handed_down, locate, split_env
 from ..errors import ConfigError
 from .record import RunRecord
 
@@ -148,14 +148,6 @@ def child_command(program_ref: str, target: str, options: ChildOptions, devices:
     return cmd + options.extra
 
 
-def child_env() -> dict[str, str]:
-    """A target's environment variables: this process's, and the standard library its text data is read from (this
-    interpreter's: a target in another environment runs another Python, whose library holds other text)."""
-    from ..data.bundled import STDLIB_ROOT, stdlib_root
-
-    return {**os.environ, "XBRIDGE_DEBUG": "0", STDLIB_ROOT: stdlib_root()}
-
-
 def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -169,7 +161,8 @@ def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) 
     cmd = child_command(program_ref, target, options, per_process if backend.sharded else 1, out / target, processes)
     run = TargetRun(target, devices, cmd, "ok")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s, env=child_env())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s,
+                              env={**os.environ, "XBRIDGE_DEBUG": "0", **handed_down()})
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         run.status, run.error = "timeout", f"no result after {options.timeout_s:g} s\n{_tail(stderr)}"
