@@ -176,6 +176,9 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["compare", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/results.csv' exists and xbridge did not write it"),
     (["parity", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/parity.json' exists and xbridge did not write it"),
     (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+    (["run", MLP, "--steps", "2", "--out", ""], "--out is given an empty value; give one"),
+    (["compare", MLP, "--backends", "eager-cpu", "--out="], "--out is given an empty value; give one"),
+    (["run", MLP, "--steps", "2", "--checkpoint-dir", ""], "--checkpoint-dir is given an empty value; give one"),
     # processes
     (["run", MLP, "--backend", "jax-cpu", "--processes", "0"], "--processes must be a count >= 1 or 'cluster', got 0"),
     (["run", MLP, "--backend", "jax-cpu", "--processes", "two"], "--processes must be a count >= 1 or 'cluster', got 'two'"),
@@ -312,6 +315,32 @@ def test_bad_input_one_line_exit_2_nothing_changed(args, fragment, workspace):
     assert proc.stdout == ""
     assert snapshot(workspace, FIXTURES) == before
     assert not (workspace / "new").exists()
+
+
+def test_a_second_command_writing_one_out_folder_is_refused(tmp_path):
+    """Two commands given one --out at once would lose a record: the second is refused before any work, naming
+    the first's process; once that one has ended, the folder is free again."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from xbridge.files import claim\nclaim(Path(sys.argv[1]), '--out')\n"
+                               "print('held', flush=True)\ntime.sleep(120)", str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for command in (["run", MLP, "--steps", "2"], ["compare", MLP, "--backends", "eager-cpu", "--steps", "2"]):
+            proc = xbridge_here(*command, "--out", str(out))
+            assert proc.returncode == 2 and one_error_line(proc) == (
+                f"error: --out {str(out)!r} is being written by another xbridge command (pid {holder.pid}); give "
+                "each command its own folder"), proc.stderr
+        assert not (out / "run.json").exists()
+    finally:
+        holder.kill()
+        holder.communicate()
+    proc = xbridge_here("run", MLP, "--steps", "2", "--out", str(out))
+    assert proc.returncode == 0 and (out / "run.json").is_file(), proc.stderr
 
 
 def test_the_corpus_is_large_and_distinct():

@@ -233,6 +233,21 @@ def test_a_nonfinite_state_is_never_saved(tmp_path, mlp_program):
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "ck")] == [1]
 
 
+def test_step_numbers_of_any_width_resume_the_newest_and_prune(tmp_path, mlp_program):
+    """Step 100,000,000 and later is a nine-digit folder: it is a checkpoint like the others, the newest one
+    resumes, and --keep prunes the older ones."""
+    ck = tmp_path / "ck"
+    writer = checkpoint.Writer(ck, keep=2, start_step=99_999_998)
+    for step in (99_999_999, 100_000_000, 100_000_001):
+        info = checkpoint.manifest_info(mlp_program, "eager-cpu", 1, {"data": 1}, step, {})
+        writer.save(step, {"w": np.full(3, step % 7, np.float32)}, {"loop/updates": np.array(step)}, info)
+    assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [100_000_000, 100_000_001]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == ["step-100000000", "step-100000001"]
+    newest = checkpoint.locate(ck)
+    assert newest.name == "step-100000001"
+    assert json.loads((newest / "manifest.json").read_text())["step"] == 100_000_001
+
+
 def test_allow_config_change_loads_another_config(tmp_path, mlp_program):
     run(mlp_program, "eager-cpu", RunOptions(steps=2, warmup=1, checkpoint_dir=tmp_path / "ck"))
     changed = mlp_program.replace(optimizer=xb.SGD(lr=0.01, momentum=0.9))

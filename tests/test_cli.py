@@ -93,6 +93,28 @@ def test_a_program_in_latin_1_under_a_folder_with_a_colon_runs(tmp_path):
         assert json.loads(proc.stdout)["program"] == "mlp"
 
 
+@pytest.mark.slow   # an xla-cpu run
+def test_a_program_imports_a_module_beside_it(tmp_path):
+    """The program's folder is on sys.path, as it is for `python prog.py`: `from netdef import Net` works, here
+    and in a target's own interpreter (xla-cpu runs in .venv-xla), whatever the current folder."""
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "netdef.py").write_text(
+        "from torch import nn\n\n\nclass Net(nn.Sequential):\n"
+        "    def __init__(self):\n        super().__init__(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))\n")
+    (folder / "prog.py").write_text(
+        "import torch.nn.functional as F\nimport xbridge as xb\nfrom netdef import Net\n\n"
+        "program = xb.Program(name='beside', model=Net, data=xb.data.Digits(batch_size=32), optimizer=xb.SGD(lr=0.1),\n"
+        "                     loss=lambda model, batch: F.cross_entropy(model(batch['x']), batch['y']))\n")
+    losses = {}
+    for target in ("eager-cpu", "xla-cpu"):
+        proc = run_cli("run", str(folder / "prog.py"), "--backend", target, "--steps", "3", "--format", "json",
+                       cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        losses[target] = [s["loss"] for s in json.loads(proc.stdout)["steps"]]
+    assert losses["xla-cpu"] == pytest.approx(losses["eager-cpu"], rel=1e-5)
+
+
 @pytest.mark.parametrize("failure,line", [
     (OSError(28, "No space left on device", "/data/out/run.json"),
      "error: No space left on device on '/data/out/run.json' (errno 28); free the resource or choose another path "

@@ -14,18 +14,47 @@ from pathlib import Path
 import pytest
 
 from helpers import FIXTURES, ROOT, error_line, run_cli, user_env
+from xbridge import checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli]
 FAULT = str(FIXTURES / "restart_fault.py")
 
 
-def _run(tmp_path, name, fault, *extra):
+def _run(tmp_path, name, fault, *extra, signal="SIGKILL"):
     temporary = tmp_path / f"{name}-tmp"       # the run's temporary folder (TMPDIR), to see what it leaves there
     temporary.mkdir()
     proc = run_cli("run", FAULT, "--backend", "jax-cpu", "--processes", "2", "--devices", "2", "--steps", "12",
                    "--checkpoint-dir", str(tmp_path / name), "--format", "json", *extra,
-                   env={"XBRIDGE_TEST_FAULT": fault, "TMPDIR": str(temporary)}, timeout=600)
+                   env={"XBRIDGE_TEST_FAULT": fault, "TMPDIR": str(temporary), "XBRIDGE_TEST_FAULT_SIGNAL": signal},
+                   timeout=600)
     return proc
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does(tmp_path):
+    """SIGTERM (what Slurm, Kubernetes and TPU maintenance send before a kill) to a run of one process: without
+    checkpoints, one line and exit 143; with them, the step in flight finishes, its checkpoint is written, exit 143,
+    the directory's lock is given back, and ``--max-restarts`` (the job's supervisor) resumes from that checkpoint
+    and ends as the uninterrupted run does."""
+    common = ("run", FAULT, "--backend", "eager-cpu", "--steps", "12", "--format", "json")
+    fault = {"XBRIDGE_TEST_FAULT_PROCESSES": "any", "XBRIDGE_TEST_FAULT_SIGNAL": "SIGTERM"}
+    bare = run_cli(*common, env={**fault, "XBRIDGE_TEST_FAULT": "always"})
+    assert bare.returncode == 143 and "Traceback" not in bare.stderr, bare.stderr[-3000:]
+    assert error_line(bare) == "error: terminated by SIGTERM"
+    ck = tmp_path / "ck"
+    stopped = run_cli(*common, "--checkpoint-dir", str(ck), "--checkpoint-every", "4",
+                      env={**fault, "XBRIDGE_TEST_FAULT": "always"})
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    line = error_line(stopped)
+    assert line.startswith("error: terminated by SIGTERM after step ") and f"--resume {ck}" in line, line
+    step = int(line.split("after step ")[1].split()[0])
+    assert step in (5, 6) and [s for s, _ in checkpoint.list_checkpoints(ck)] == [4, step]
+    whole = run_cli(*common, env={"XBRIDGE_TEST_FAULT": "off"})
+    restarted = run_cli(*common, "--checkpoint-dir", str(tmp_path / "again"), "--checkpoint-every", "4",
+                        "--max-restarts", "1", env={**fault, "XBRIDGE_TEST_FAULT": "once"})
+    assert whole.returncode == 0 and restarted.returncode == 0, restarted.stderr[-3000:]
+    got = json.loads(restarted.stdout)
+    assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in json.loads(whole.stdout)["steps"]]
+    assert [(r["status"], r["from_step"]) for r in got["restarts"]] == [("was terminated by SIGTERM", step)]
 
 
 def test_a_killed_process_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_path):
@@ -49,6 +78,17 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_p
     (kept,) = (tmp_path / "restarted-tmp").iterdir()
     assert kept.name.startswith("xbridge-processes-") and f"(its log: {kept / 'process1.log'})" in restarted.stderr
     assert any((kept / "tmp").glob("xbridge-process1-*")), sorted(p.name for p in (kept / "tmp").iterdir())
+    # SIGTERM to process 1 (maintenance, Slurm, Kubernetes) instead: the processes agree to stop after the step in
+    # flight, write its checkpoint and exit 143; the restart resumes from that checkpoint, nothing redone
+    termed = _run(tmp_path, "termed", "once", "--checkpoint-every", "4", "--max-restarts", "1",
+                  signal="SIGTERM")
+    assert termed.returncode == 0, termed.stderr[-3000:]
+    got = json.loads(termed.stdout)
+    assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in want["steps"]]      # bit for bit
+    (restart,) = got["restarts"]
+    assert restart["status"] == "was terminated by SIGTERM" and restart["process"] is None, restart
+    assert restart["from_step"] in (5, 6) and restart["steps_redone"] == 0, restart
+    assert f"terminated by SIGTERM after step {restart['from_step']} of 12" in termed.stderr, termed.stderr[-3000:]
 
 
 @pytest.mark.extended

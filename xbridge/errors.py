@@ -63,3 +63,24 @@ class Interrupted(XBridgeError):
     """Ctrl-C during a run; with checkpointing on, a final checkpoint was written first."""
 
     exit_code = 130
+
+
+class Terminated(Interrupted):
+    """SIGTERM during a run (what Slurm, Kubernetes and TPU maintenance send before a kill), handled as Ctrl-C is:
+    with checkpointing on, a final checkpoint was written first. Exit 143 (128 + 15), as the signal's own would be."""
+
+    exit_code = 143
+
+
+class TermSignal(BaseException):
+    """Raised by xbridge's SIGTERM handler in the main thread, so that every ``finally`` runs and the process ends
+    with one line and exit 143 instead of dying silently (cli/app.py installs the handler). Not a KeyboardInterrupt:
+    typer turns that into a silent exit 130; not an Exception: nothing that handles errors may swallow it."""
+
+
+SIGNAL_EXIT = {2: 130, 15: 143}      # SIGINT, SIGTERM: the exit status of a command they stopped
+
+
+def raise_term_signal(signum: int, frame: object) -> None:
+    """The SIGTERM handler: the signal becomes :class:`TermSignal` in the main thread."""
+    raise TermSignal()

@@ -21,6 +21,8 @@ from typing import Any
 from .errors import ConfigError
 
 LEDGER = ".xbridge-written"
+CLAIM = ".xbridge-lock"     # held (fcntl) by the one command writing an output folder
+_claimed: list[int] = []    # this process's claims: descriptors of the folders' lock files
 
 
 def written_by_xbridge(path: Path) -> bool:
@@ -72,6 +74,34 @@ def check_file_writable(path: Path, flag: str) -> None:
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{flag} {str(path)!r} exists and is not writable")
     check_replaceable(path, flag)
+
+
+def claim(directory: Path, flag: str) -> None:
+    """Make ``directory`` this command's alone until :func:`release_claims` (or the process's end): two commands
+    given one output folder at once would overwrite each other's records, so the second is refused before any
+    work, naming the first's process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(directory / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(directory)!r}: its lock file cannot be created: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{flag} {str(directory)!r} is being written by another xbridge command (pid {owner}); "
+                          "give each command its own folder") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _claimed.append(fd)
+
+
+def release_claims() -> None:
+    """Give back every folder this process claimed (the end of a command)."""
+    while _claimed:
+        with contextlib.suppress(OSError):
+            os.close(_claimed.pop())
 
 
 def _check_names(path: Path, flag: str) -> None:

@@ -111,6 +111,9 @@ def load_program(ref: str) -> Program:
         raise ProgramError(f"program file {path_text!r} has a syntax error at line {exc.lineno}: {exc.msg}") from None
     except (UnicodeDecodeError, ValueError) as exc:    # not UTF-8 and no coding line, or NUL bytes
         raise ProgramError(f"program file {path_text!r} cannot be read as Python source: {exc}") from None
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:      # as `python FILE` does: a module beside the program imports (`from netdef ...`)
+        sys.path.insert(0, folder)
     module_name = module_name_for(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None

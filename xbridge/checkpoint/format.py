@@ -33,7 +33,7 @@ FORMAT = "xbridge-checkpoint"
 VERSION = 1
 MODEL_FILE, TRAIN_FILE, MANIFEST, COMMIT = "model.safetensors", "train.safetensors", "manifest.json", "COMMIT"
 LOCK = ".lock"
-STEP_NAME = re.compile(r"^step-(\d{8})$")      # a checkpoint's directory; the number is its step
+STEP_NAME = re.compile(r"^step-(\d{8,})$")     # a checkpoint's directory; the number is its step (8 digits or more)
 
 
 def resume_hash(program: Program) -> str:

@@ -33,7 +33,7 @@ from ..errors import CheckpointError, NonFinite, RunError
 from . import shards
 from .format import COMMIT, FORMAT, LOCK, MANIFEST, MODEL_FILE, TRAIN_FILE, VERSION, list_checkpoints, step_dir
 
-_TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)(-p\d+)?$")
+_TMP_DIR = re.compile(r"^\.tmp-step-\d{8,}-(\d+)(-p\d+)?$")
 
 
 def _alive(pid: int) -> bool:
@@ -69,7 +69,7 @@ def _describe(arrays: dict[str, np.ndarray]) -> dict[str, list[Any]]:
 def _first_nonfinite(arrays: dict[str, np.ndarray]) -> str | None:
     """The first tensor holding NaN or Inf (a sharded save checks its pieces in shards.write_part)."""
     for name, array in arrays.items():
-        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
             return name
     return None
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import typer
 
-from ..errors import XBridgeError
+from ..errors import SIGNAL_EXIT, ConfigError, TermSignal, XBridgeError, raise_term_signal
+from ..files import release_claims
 from . import run_command
 from .backend_flags import WithBackendOptions
 from .compile_command import compile_command
@@ -50,6 +53,25 @@ app.command(epilog="Example: xbridge environments add torch29 /opt/torch29/bin/p
 app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh data=-1,model=2")(inspect)
 
 
+def _refuse_empty_values(args: list[str]) -> None:
+    """An option given an empty value (``--out ""``, ``--checkpoint-dir=``) is refused: as a path it would mean the
+    current folder, which nobody means by typing nothing."""
+    import click
+
+    group = typer.main.get_command(app)
+    command = group.commands.get(args[0]) if args and isinstance(group, click.Group) else None
+    if command is None:
+        return
+    takes_value = {name for param in command.params if isinstance(param, click.Option) and not param.is_flag
+                   for name in param.opts}
+    for index, arg in enumerate(args[1:], start=1):
+        name, equals, value = arg.partition("=")
+        empty = (equals and not value) if equals else (index + 1 < len(args) and not args[index + 1])
+        if name in takes_value and empty:
+            raise ConfigError(f"{name} is given an empty value; give one (a path option never means the current "
+                              "folder by being empty: write . for that)")
+
+
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EROFS}
 
 
@@ -73,6 +95,20 @@ def _resource_error(exc: OSError) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line: one line and an exit status for everything that goes wrong. SIGTERM ends a command as
+    Ctrl-C does (errors.TermSignal); the handler there before is back when main returns (tests call main in their
+    own process)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_term_signal) if main_thread else None
+    try:
+        _main(argv)
+    finally:
+        release_claims()        # the output folders this command held (files.claim)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     run_command.COMMAND_LINE[:] = list(argv) if argv is not None else sys.argv[1:]
     from ..run import framework_noise
 
@@ -80,12 +116,16 @@ def main(argv: list[str] | None = None) -> None:
     framework_noise.native_stdout_to_stderr()
     debug = os.environ.get("XBRIDGE_DEBUG", "") not in ("", "0")
     try:
+        _refuse_empty_values(sys.argv[1:] if argv is None else argv)
         code = app(args=argv, prog_name="xbridge", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         _error("interrupted")
-        sys.exit(130)
+        sys.exit(SIGNAL_EXIT[signal.SIGINT])
+    except TermSignal:
+        _error("terminated by SIGTERM")
+        sys.exit(SIGNAL_EXIT[signal.SIGTERM])
     except typer.TyperException as exc:  # usage errors: unknown option, missing argument, bad value
         ctx = getattr(exc, "ctx", None)
         command = ctx.command_path if ctx is not None else "xbridge"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from ..files import check_writable
+from ..files import check_writable, claim
 from .backend_flags import parse_backend_flags
 from .common_options import ATTENTION, FORMAT, MESH, PROGRAM, REMAT, RNG, Format
 from .program_overrides import load_with_overrides
@@ -63,6 +63,7 @@ def compile_command(
         check_writable(dump, "--dump")
     if out is not None:
         check_writable(out, "--out", ("compile.json",))
+        claim(out, "--out")
     report = compile_program(prog, backend, slice_, backend_options, dump)
     document = report.to_json()
     found = None

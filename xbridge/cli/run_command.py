@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from ..files import check_file_writable, check_writable, read_npz, write_json
+from ..files import check_file_writable, check_writable, claim, read_npz, write_json
 from .backend_flags import parse_backend_flags
 from .common_options import ATTENTION, MESH, PROCESSES, PROFILE, REMAT, RNG, TENSORBOARD, Format
 from .program_overrides import load_with_overrides
@@ -123,6 +123,9 @@ def run(
     weights = read_npz(init_state, "--init-state") if init_state is not None else None
     if out is not None:
         check_writable(out, "--out", ("run.json",))
+        if job.CHILD not in os.environ and (job.environment_job() or (0, 1))[0] == 0 \
+                and os.environ.get("RANK", "0") == "0":     # the command's own process, not one its job started
+            claim(out, "--out")
     if dump is not None:
         check_writable(dump, "--dump")
     if tensorboard is not None:

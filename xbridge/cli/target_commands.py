@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from ..errors import ConfigError
-from ..files import check_writable
+from ..files import check_writable, claim
 from .common_options import (
     ATTENTION,
     FORMAT,
@@ -54,6 +54,7 @@ def over_targets(command: str, program_path: str, out: Path, format: Format, **f
     prog = load_with_overrides(program_path, options.precision, mesh=options.mesh, rng=options.rng,
                                remat=options.remat, attention=options.attention)
     check_writable(out, "--out", job.OUTPUTS)
+    claim(out, "--out")
     with target_progress(enabled=format is Format.human, label=f"{command} {prog.name}") as tick:
         record = getattr(job, command)(program_path, prog, options, out, progress=tick)
     emit(record, format, getattr(tables, f"print_{command}"))

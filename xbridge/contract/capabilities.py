@@ -149,14 +149,10 @@ class ShardedCheckpoint:
 class MultiProcess:
     """A job of several processes that must stop at the same step."""
 
-    def any_process(self, flag: bool) -> bool:
-        """Whether ``flag`` is true in any process (a collective every process calls at the same point; the run
-        loop asks it after each step whether Ctrl-C was pressed)."""
-        return flag
-
     def gathered(self, values: np.ndarray) -> np.ndarray:
         """Every process's ``values`` (one shape and dtype in all), stacked on a new first axis in process order; a
-        collective (the run loop compares the processes' initial weights with it)."""
+        collective every process calls at the same point (the run loop compares the processes' initial weights with
+        it, and asks after each step whether Ctrl-C or SIGTERM came to any of them)."""
         return values[None]
 
 

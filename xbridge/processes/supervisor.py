@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..errors import SIGNAL_EXIT, TermSignal
 from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
 from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
 from .restarts import ERROR_FILE, RESTARTS, STEPS, end_line, logged_steps
@@ -55,11 +56,19 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
     stopped first is named. The exit status: 0; process 0's when it failed (it said why on this terminal);
     otherwise the failed process's 2 (bad input) or 1, with one line naming it.
 
-    ``max_restarts``: a job that fails other than on bad input (exit 2) or Ctrl-C is started again, every process,
+    ``max_restarts``: a job that fails other than on bad input (exit 2) or Ctrl-C is started again (a process that
+    SIGTERM stopped, exit 143 after its checkpoint, included: maintenance stopped it, not the program), every process,
     from the newest committed checkpoint in ``checkpoint_dir`` (from where the command started when there is none),
     at most that many times (restarts.py: the steps log and the restarts the last attempt's record holds); not
     when that checkpoint is of the last of ``steps`` (the training is done: the failure is reported). One process
     (``count`` 1) is how a run whose backend starts processes of its own (inductor's ranks) is restarted."""
+    try:
+        return _start(count, argv, max_restarts, checkpoint_dir, steps)
+    except (KeyboardInterrupt, TermSignal) as exc:      # each process said where it stopped (its checkpoint first)
+        return SIGNAL_EXIT[signal.SIGTERM if isinstance(exc, TermSignal) else signal.SIGINT]
+
+
+def _start(count: int, argv: list[str], max_restarts: int, checkpoint_dir: Path | None, steps: int | None) -> int:
     if max_restarts == 0:
         code, said, _ = _attempt(count, argv, {})
         if said:
@@ -98,7 +107,10 @@ def start(count: int, argv: list[str], max_restarts: int = 0, checkpoint_dir: Pa
                 return code
             finished = [record["step"] for record in logged_steps(str(steps_log))]
             reached = max(finished) + 1 if finished else 0
-            failed_index, status = _failure(message)
+            # SIGTERM stopped the job at one step (every process agreed on it: which one the signal reached is not
+            # known here); otherwise the process the line names
+            failed_index, status = (None, "was terminated by SIGTERM") if code == SIGNAL_EXIT[signal.SIGTERM] \
+                else _failure(message)
             done.append({"after_s": round(time.monotonic() - began, 1), "process": failed_index, "status": status,
                          "message": message, "from_step": from_step, "steps_redone": max(reached - from_step, 0)})
             where = (f"checkpoint {start_at}" if start_at is not None
@@ -219,15 +231,16 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
         where = f"its log: {logs / f'process{index}.log'}" if index else "its output is above"
         return (2 if code == 2 else 1), (f"process {index} of {count} {describe_exit(code)}"
                                          f"{': ' + said if said else ''} ({where})")
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TermSignal) as exc:      # Ctrl-C, or SIGTERM: passed on to every process
+        sig = signal.SIGTERM if isinstance(exc, TermSignal) else signal.SIGINT
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(sig)
         until = time.monotonic() + limit     # each finishes its step and the checkpoint; one that waits longer
         for p in procs:                      # on a peer than the progress timeout is killed (finally)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.0, until - time.monotonic()))
-        return 130, None
+        raise                                # the job was stopped here: no restart (start() returns 130 or 143)
     finally:
         _kill(procs)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from .. import __version__, checkpoint, processes
 from ..contract import MultiProcess, ShardedCheckpoint, registry
 from ..contract.capabilities import GRADIENT_PREFIX, diagnostics, probes, traced_gradients, traced_modules
 from ..data.source import BatchCheck, checked_batch, tokens_per_example
-from ..errors import ConfigError, Interrupted
+from ..errors import ConfigError, Interrupted, Terminated
 from ..files import write_npz
 from ..ir.program import Program
 from . import scalars
@@ -172,16 +173,19 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
                     board.eval(evaluator.records[-1])
             if writer is None:
                 return
-            requested = interrupt["requested"]
+            signum = interrupt["signal"]
             if processes.this_process()[1] > 1 and isinstance(executable, MultiProcess):
-                # the processes saw Ctrl-C at different points: all stop here
-                requested = interrupt["requested"] = executable.any_process(requested)
+                # the processes saw the signal at different points (or one alone got it): all stop here, and
+                # SIGTERM (15) wins over Ctrl-C (2), so the job ends as a terminated one that a restart resumes
+                signum = interrupt["signal"] = int(executable.gathered(np.asarray([signum], np.int64)).max())
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
-            if due or done == options.steps or requested:
+            if due or done == options.steps or signum:
                 save(done)
-            if requested and done < options.steps:
-                raise Interrupted(f"interrupted after step {done} of {options.steps}; checkpoint {saved[-1]} "
-                                  f"written (continue with --resume {options.checkpoint_dir})")
+            if signum and done < options.steps:
+                error, what = (Terminated, "terminated by SIGTERM") if signum == signal.SIGTERM else \
+                    (Interrupted, "interrupted")
+                raise error(f"{what} after step {done} of {options.steps}; checkpoint {saved[-1]} written "
+                            f"(continue with --resume {options.checkpoint_dir})")
 
         spec = ProfileSpec.parse(options.profile, options.steps) if options.profile else None
         if spec is not None and spec.stop <= start:

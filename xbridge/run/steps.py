@@ -1,5 +1,5 @@
 """The step loop, once for every backend: feed the batches, time each step, stop on a non-finite loss, and let
-the first Ctrl-C of a checkpointing run finish its step and write a checkpoint.
+the first Ctrl-C or SIGTERM of a checkpointing run finish its step and write a checkpoint.
 
 A step's time is wall time from handing the batch to the executable until its metrics are back on the host (the
 executable synchronises its device before returning the loss). The first ``warmup`` steps, which include tracing
@@ -22,7 +22,7 @@ from .. import processes
 from ..contract import Executable
 from ..contract.capabilities import diagnostics, profiling
 from ..data.source import BatchCheck
-from ..errors import ProgramError, RunError
+from ..errors import ProgramError, RunError, TermSignal
 from ..ir.program import Program
 from .feed import Feed
 from .prepare import Prepared
@@ -35,24 +35,26 @@ Progress = Callable[[int, StepRecord], None]
 
 @contextlib.contextmanager
 def deferred_interrupt(enabled: bool) -> Any:
-    """While checkpointing, the first Ctrl-C lets the current step finish and asks for a final checkpoint (the
-    yielded dict's ``requested``); a second one aborts at once."""
-    state = {"requested": False}
+    """While checkpointing, the first Ctrl-C or SIGTERM lets the current step finish and asks for a final
+    checkpoint (the yielded dict's ``signal``: the signal's number, 0 while none came); a second one aborts at once."""
+    state = {"signal": 0}
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if state["requested"]:
-            raise KeyboardInterrupt
-        state["requested"] = True
-        print("\ninterrupt: finishing this step, then writing a checkpoint (Ctrl-C again aborts)", file=sys.stderr)
+        if state["signal"]:
+            raise TermSignal() if signum == signal.SIGTERM else KeyboardInterrupt
+        state["signal"] = int(signum)
+        what = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
+        print(f"\n{what}: finishing this step, then writing a checkpoint (a second one aborts)", file=sys.stderr)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield state
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, was in previous.items():
+            signal.signal(sig, was)
 
 
 def train(program: Program, prepared: Prepared, steps: int, warmup: int, progress: Progress | None = None,
