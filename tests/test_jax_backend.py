@@ -365,3 +365,35 @@ def test_a_data_dependent_shape_is_one_line_naming_the_module(mlp_program, monke
     with pytest.raises(LoweringError, match=r"module 'keep' of program 'masked' computes a shape or a Python value "
                                             r"from tensor data .* run it on eager or inductor"):
         prepare(program, "jax-cpu", RunOptions(steps=2, warmup=1))
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")   # torch's own, in the reference
+@pytest.mark.parametrize("dims,kwargs", [
+    (1, {"padding": "same", "dilation": 2}), (1, {"padding": "same"}), (1, {"stride": 2, "padding": 1, "groups": 2}),
+    (1, {"padding": "valid"}), (3, {"padding": "same"}), (3, {"stride": (1, 2, 1), "bias": False})])
+def test_conv1d_and_conv3d_match_torch_and_cast_under_bf16_mixed(dims, kwargs):
+    """nn.Conv1d/Conv3d through xbridge's lowering (``aten::convolution``, backends/jaxjit/ops.py) against torch on
+    the CPU, an even kernel under "same" padding included; under bf16-mixed a bf16 activation meets the float32
+    bias as torch.autocast lets it (before, every Conv1d of a bf16-mixed program failed on jax: input type BFloat16
+    and bias type float)."""
+    import torchax
+
+    from xbridge.backends.jaxjit import ops
+    from xbridge.backends.jaxjit.autocast import compute_autocast
+
+    ops.register()
+    torch.manual_seed(0)
+    layer = (torch.nn.Conv1d if dims == 1 else torch.nn.Conv3d)(4, 6, 4 if dims == 1 else 2, **kwargs)
+    x = torch.randn(2, 4, *([9] * dims))
+    ref = layer(x).detach().numpy()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_bf16 = layer(x.to(torch.bfloat16)).detach().float().numpy()
+    env = torchax.default_env()
+    with env:
+        layer.to("jax")
+        tx = x.to("jax")
+        np.testing.assert_allclose(np.asarray(env.t2j_iso(layer(tx).detach())), ref, atol=1e-5)
+        with compute_autocast(env, torch.bfloat16):
+            out = layer(tx.to(torch.bfloat16))
+        assert out.dtype == torch.bfloat16
+        np.testing.assert_allclose(np.asarray(env.t2j_iso(out.detach())).astype(np.float32), ref_bf16, atol=5e-2)

@@ -43,10 +43,17 @@ FUNCTION_POLICY: dict[Any, CastPolicy] = {
     torch.einsum: CastPolicy.LOWER_PRECISION_FP,
     # torch casts at conv1d/conv2d/conv3d/conv_transpose*, above their decomposition; torchax sees aten.convolution
     torch.ops.aten.convolution.default: CastPolicy.LOWER_PRECISION_FP,
+    # a Conv1d's input and bias reach torch's dtype check before the decomposition (a bf16 input, a float32 bias)
+    torch.nn.functional.conv1d: CastPolicy.LOWER_PRECISION_FP,
     torch.cdist: CastPolicy.FP32,
     torch.linalg.solve: CastPolicy.FP32,
     torch.linalg.svd: CastPolicy.FP32,
     torch.svd: CastPolicy.FP32,
+    # torch runs the FFTs in float32 under autocast (fft_* in its fp32 list, above their decomposition); torchax
+    # sees the aten ops they decompose to (a bf16 input would reach jnp.fft, which refuses it)
+    torch.ops.aten._fft_r2c.default: CastPolicy.FP32,
+    torch.ops.aten._fft_c2r.default: CastPolicy.FP32,
+    torch.ops.aten._fft_c2c.default: CastPolicy.FP32,
 }
 _POLICY = {CastPolicy.LOWER_PRECISION_FP: LOWER, CastPolicy.FP32: FP32, CastPolicy.PROMOTE: PROMOTE}
 

@@ -208,7 +208,9 @@ class JaxExecutable(JaxState, Probes, Profiling):
         def spec_for(path: tuple, leaf: Any) -> P:
             for entry in reversed(path):
                 key = getattr(entry, "key", None)
-                if key is not None and key in params and getattr(leaf, "shape", None) == params[key].shape:
+                # (a complex parameter's optimizer state is its pairs: a trailing axis of 2, optimizers.py)
+                if key is not None and key in params and getattr(leaf, "shape", None) in (
+                        params[key].shape, (*params[key].shape, 2) if jnp.iscomplexobj(params[key]) else None):
                     return P(*self.specs[key])
             return P()
 

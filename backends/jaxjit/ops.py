@@ -14,6 +14,11 @@
   torchax 0.0.13 computes the new statistics but drops them (and without the correction). Here the update is done
   as torch does it, in place on the buffers, which the lowered loss then reads back.
 
+- ``F.conv1d`` and ``F.conv3d`` (``nn.Conv1d``, ``nn.Conv3d``): torchax lowers ``aten::conv2d`` and
+  ``aten::convolution`` but not these, so they ran torch's own composite, which checks that input and bias share a
+  dtype before anything casts them: under bf16-mixed (a bf16 activation, a float32 bias) every Conv1d failed. Here
+  they are ``aten::convolution``, which torchax lowers and the autocast policy casts, as torch does (``"same"``
+  and ``"valid"`` padding as torch computes them).
 Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forward and backward; the model zoo
 (tests/test_model_zoo.py) trains BatchNorm models and compares the buffers.
 """
@@ -61,6 +66,34 @@ def grouped_mm(a: jax.Array, b: jax.Array, offs: jax.Array | None = None, bias: 
 def jax_lowerings() -> list[tuple[Any, Any]]:
     """(torch operator, JAX function) pairs added where torchax has no lowering of its own."""
     return [(torch.ops.aten._grouped_mm.default, grouped_mm)]
+
+
+def _convolution(dims: int) -> Any:
+    def conv(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+             groups: int = 1) -> Any:
+        def each(value: Any) -> list[int]:
+            return list(value) if isinstance(value, (tuple, list)) else [value] * dims
+
+        stride, dilation = each(stride), each(dilation)
+        if padding == "valid":
+            padding = 0
+        if padding == "same":      # torch's: the total dilation*(k-1) per dimension, the odd one on the right
+            totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+            left = [t // 2 for t in totals]
+            if any(t % 2 for t in totals):
+                pads = [amount for t, lo in reversed(list(zip(totals, left))) for amount in (lo, t - lo)]
+                input = torch.nn.functional.pad(input, pads)
+                left = [0] * dims
+            padding = left
+        return torch.ops.aten.convolution.default(input, weight, bias, stride, each(padding), dilation, False,
+                                                  [0] * dims, groups)
+    return conv
+
+
+def torch_functions() -> list[tuple[Any, Any]]:
+    """(torch function, torch function) pairs torchax's environment runs in place of the first (its
+    ``override_op_definition``)."""
+    return [(torch.nn.functional.conv1d, _convolution(1)), (torch.nn.functional.conv3d, _convolution(3))]
 
 
 def torch_replacements() -> list[tuple[Any, Any]]:

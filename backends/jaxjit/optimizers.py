@@ -1,5 +1,9 @@
 """optax transformations with torch.optim's exact semantics, and torch.amp.GradScaler's dynamic loss scaling.
 
+A complex parameter is optimised as torch.optim does it, as its pairs of (real, imaginary) numbers
+(``torch.view_as_real``): :func:`in_real_pairs` gives the transformation those pairs (its state holds them, a
+trailing axis of 2) and the checkpoint names hold them as complex arrays again, as torch stores them.
+
 The learning rate is applied outside the transformation (``updates * -lr``) with lr computed from the step count
 we keep ourselves: torch advances its LambdaLR on every step, even one that GradScaler skips, while the optimizer's
 own count (Adam's bias correction) only advances on applied steps. Keeping the two counts apart matches both.
@@ -45,16 +49,41 @@ def direction(spec: SGD | AdamW) -> optax.GradientTransformation:
     """The update direction before ``* -lr``: every hyperparameter from the spec, nothing from optax defaults."""
     if isinstance(spec, AdamW):
         # optax.adamw = chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); the last is ours.
-        return optax.chain(
+        return in_real_pairs(optax.chain(
             optax.scale_by_adam(b1=spec.betas[0], b2=spec.betas[1], eps=spec.eps, eps_root=0.0, nesterov=False),
             optax.add_decayed_weights(spec.weight_decay),
-        )
+        ))
     if isinstance(spec, SGD):
         parts = [optax.add_decayed_weights(spec.weight_decay)] if spec.weight_decay else []  # coupled, as torch
         if spec.momentum:
             parts.append(torch_sgd_momentum(spec.momentum, spec.dampening, spec.nesterov))
-        return optax.chain(*parts) if parts else optax.identity()
+        return in_real_pairs(optax.chain(*parts) if parts else optax.identity())
     raise TypeError(f"unsupported optimizer spec {spec!r}")
+
+
+def pairs(x: Any) -> Any:
+    """A complex array as its (real, imaginary) pairs on a trailing axis (torch.view_as_real); others unchanged."""
+    return jnp.stack([x.real, x.imag], axis=-1) if jnp.iscomplexobj(x) else x
+
+
+def joined(x: Any) -> Any:
+    """The complex array of :func:`pairs`."""
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
+def in_real_pairs(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` on every complex parameter's (real, imaginary) pairs, as torch.optim treats a complex parameter:
+    AdamW's second moment is then the mean square of each part, not of the modulus (optax's own choice)."""
+
+    def init(params: Any) -> Any:
+        return tx.init(jax.tree.map(pairs, params))
+
+    def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        out, state = tx.update(jax.tree.map(pairs, grads), state,
+                               None if params is None else jax.tree.map(pairs, params))
+        return jax.tree.map(lambda u, g: joined(u) if jnp.iscomplexobj(g) else u, out, grads), state
+
+    return optax.GradientTransformation(init, update)
 
 
 def learning_rate(spec: SGD | AdamW, step: jax.Array) -> jax.Array:
@@ -90,23 +119,28 @@ def _parts(opt: Any) -> list[Any]:
     return list(opt) if isinstance(opt, tuple) and not hasattr(opt, "_fields") else [opt]
 
 
-def _float32(leaf: Any) -> Any:
-    return np.asarray(leaf, dtype=np.float32)
+def _host(leaf: Any) -> Any:
+    return np.asarray(leaf, dtype=np.complex64 if jnp.iscomplexobj(leaf) else np.float32)
 
 
-def export_state(opt: Any, torch_names: dict[str, str], convert: Callable[[Any], Any] = _float32) -> dict[str, Any]:
-    """``optim/<eager name>/<key>`` -> ``convert(leaf)`` (default: a float32 host array); ``torch_names`` maps
-    each trained (canonical) name to its eager name."""
+def export_state(opt: Any, torch_names: dict[str, str], convert: Callable[[Any], Any] = _host,
+                 complex_names: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``optim/<eager name>/<key>`` -> ``convert(leaf)`` (default: a float32 host array, complex64 for a complex
+    parameter's); ``torch_names`` maps each trained (canonical) name to its eager name; ``complex_names``: the
+    complex parameters, whose state :func:`in_real_pairs` holds as pairs and torch as complex arrays."""
+    def leaf(tree: Any, name: str) -> Any:
+        return convert(joined(tree[name]) if name in complex_names else tree[name])
+
     out: dict[str, Any] = {}
     for part in _parts(opt):
         if isinstance(part, optax.ScaleByAdamState):
             for name, eager in torch_names.items():
                 out[f"optim/{eager}/step"] = convert(part.count)
-                out[f"optim/{eager}/exp_avg"] = convert(part.mu[name])
-                out[f"optim/{eager}/exp_avg_sq"] = convert(part.nu[name])
+                out[f"optim/{eager}/exp_avg"] = leaf(part.mu, name)
+                out[f"optim/{eager}/exp_avg_sq"] = leaf(part.nu, name)
         elif isinstance(part, TorchMomentumState) and bool(part.started):
             for name, eager in torch_names.items():
-                out[f"optim/{eager}/momentum_buffer"] = convert(part.buf[name])
+                out[f"optim/{eager}/momentum_buffer"] = leaf(part.buf, name)
     return out
 
 
@@ -120,17 +154,37 @@ class Cast:
         return np.asarray(self.source[index]).astype(self.dtype)
 
 
+class Pairs:
+    """A complex checkpoint tensor read slice by slice as its (real, imaginary) pairs (:func:`pairs`)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.shape = source, (*source.shape, 2)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
+        if index == (Ellipsis,):
+            index = ()
+        index = index + (slice(None),) * (len(self.shape) - len(index))
+        value = np.asarray(self.source[index[:-1]])
+        return np.stack([value.real, value.imag], axis=-1)[(..., index[-1])]
+
+
 def _host_copy(value: Any, like: Any) -> Any:
-    return np.asarray(value).astype(like.dtype)
+    return np.asarray(value[...]).astype(like.dtype)
 
 
 def import_state(opt: Any, state: dict[str, Any], torch_names: dict[str, str],
-                 place: Callable[[Any, Any], Any] = _host_copy) -> Any:
+                 place: Callable[[Any, Any], Any] = _host_copy, complex_names: frozenset[str] = frozenset()) -> Any:
     """``opt`` (a freshly initialised state) with every entry the checkpoint holds; absent entries keep their
     initial value, which is what torch.optim starts a parameter's state from. ``place(value, like)`` makes the
-    leaf ``like`` from the checkpoint's ``value`` (default: a host copy in ``like``'s dtype)."""
+    leaf ``like`` from the checkpoint's ``value`` (default: a host copy in ``like``'s dtype); a complex
+    parameter's (``complex_names``) is read as its pairs."""
+    names = {eager: name for name, eager in torch_names.items()}
+
     def load(eager: str, key: str, like: Any) -> Any:
         value = state.get(f"optim/{eager}/{key}")
+        if value is not None and names[eager] in complex_names:
+            value = Pairs(value)
         return like if value is None else place(value, like)
 
     parts = []

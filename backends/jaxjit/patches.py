@@ -11,8 +11,9 @@ xbridge/torch/patches.py states the rule and holds the version guard). :func:`ap
 - operator lowerings (backends/jaxjit/ops.py says why each): ``aten::_grouped_mm``, a JAX function, in torchax's
   registry (``ops_registry.all_aten_ops``, which an environment copies when it is created) and in the default
   environment's table (``Environment._ops``: its public ``override_op_definition`` makes torch-function entries
-  only), unless torchax has its own; BatchNorm's training forms replace torchax's through the public
-  ``Environment.override_op_definition``. Undone: the entries that were there put back.
+  only), unless torchax has its own; BatchNorm's training forms replace torchax's, and ``F.conv1d``/``F.conv3d``
+  become ``aten::convolution``, through the public ``Environment.override_op_definition``. Undone: the entries
+  that were there put back.
 - attention (:func:`routed_attention`): only while a loss is traced, ``F.scaled_dot_product_attention`` and
   ``aten::scaled_dot_product_attention`` go to a JAX kernel (backends/jaxjit/attention.py), written into
   ``Environment._ops`` as JAX functions; the entries that were there are put back after the trace (torchax has no
@@ -101,6 +102,9 @@ def _install(patches: PatchSet) -> None:
         for key in (packet, packet.default):
             patches.record_item(env._ops, key)
             env.override_op_definition(key, impl)
+    for function, impl in ops.torch_functions():
+        patches.record_item(env._ops, function)
+        env.override_op_definition(function, impl)
 
 
 def _not_a_streaming_accelerator() -> bool:

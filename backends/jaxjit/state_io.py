@@ -72,6 +72,11 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
                 out.setdefault(canonical, eager)
         return out
 
+    def _complex_names(self) -> frozenset[str]:
+        """The trained parameters that are complex (their optimizer state is held as pairs: optimizers.py)."""
+        return frozenset(name for name, eager in self._eager_names().items()
+                         if np.issubdtype(self.dtypes[eager], np.complexfloating))
+
     def training_state(self) -> dict[str, np.ndarray]:
         return self._train_state(self._host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
                                  _full)
@@ -79,8 +84,11 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
     def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
         """The optimizer, the step count and the loss scaler under the checkpoint names, each ``convert(value,
         dtype)``."""
-        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(),
-                                      lambda leaf: convert(leaf, np.float32))
+        def host(leaf: Any) -> Any:        # a complex parameter's state is complex, as torch keeps it
+            return convert(leaf, np.complex64 if jnp.iscomplexobj(leaf) else np.float32)
+
+        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(), host,
+                                      self._complex_names())
         out["loop/updates"] = convert(state["step"], np.int64)
         if self.scaling:
             out["scaler/scale"] = convert(state["scaler"].scale, np.float32)
@@ -94,20 +102,14 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
 
         loaded = dict(self.state)
         loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
-                                                                       state, self._eager_names(), place))
+                                                                       state, self._eager_names(), place,
+                                                                       self._complex_names()))
         loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
         if self.scaling and "scaler/scale" in state:
             loaded["scaler"] = optimizers.ScalerState(np.asarray(np.asarray(state["scaler/scale"]), dtype=np.float32),
                                                       np.asarray(np.asarray(state["scaler/growth_tracker"]),
                                                                  dtype=np.int32))
         self.state = jax.device_put(loaded, self.state_shardings)
-
-    def any_process(self, flag: bool) -> bool:
-        if self.processes == 1:
-            return flag
-        from jax.experimental import multihost_utils
-
-        return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
 
     def gathered(self, values: np.ndarray) -> np.ndarray:
         if self.processes == 1:

@@ -48,7 +48,12 @@ def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale:
         scaled = loss / (accum * divisor) if count is None else loss / divisor
         return (scaled * scale if scale is not None else scaled), (loss, count, updated)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def grad_fn(*args: Any) -> Any:
+        # a complex parameter's gradient as torch gives it (d/dre + i d/dim): JAX's is its conjugate
+        out, grads = value_and_grad(*args)
+        return out, jax.tree.map(lambda g: jnp.conj(g) if jnp.iscomplexobj(g) else g, grads)
     if accum == 1:
         (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers, key)
     else:
@@ -97,7 +102,7 @@ def apply_update(ex: JaxExecutable, state: dict[str, Any], grads: Any, loss: jax
     # (a scanned layers' group: one count per layer; in the order of ``ex.bad_grad_names``)
     bad_grads = jnp.concatenate([reduce_sum(k, ex.stacks.nonfinite_counts(k, grads[k])) for k in ex.param_keys])
     # the global L2 norm, unscaled and before clipping (what torch's clip_grad_norm_ returns)
-    norm = jnp.sqrt(sum((reduce_sum(n, jnp.sum(jnp.square(g.astype(jnp.float32)))) for n, g in grads.items()),
+    norm = jnp.sqrt(sum((reduce_sum(n, jnp.sum(jnp.square(jnp.abs(g).astype(jnp.float32)))) for n, g in grads.items()),
                         jnp.zeros((), jnp.float32)))
     clip = ex.program.step.clip_grad_norm
     if clip is not None:

@@ -184,9 +184,12 @@ def _check_against_program(path: Path, program: Program, weights: dict[str, Any]
             raise CheckpointError(f"tensor {name!r} in checkpoint {str(path)!r} is {array.dtype}; program "
                                   f"{program.name!r} stores it as {kind}")
     for key, array in train.items():
-        if key.startswith("optim/") and not key.endswith("/step") and str(array.dtype) != "float32":
-            raise CheckpointError(f"optimizer state {key!r} in checkpoint {str(path)!r} is {array.dtype}, not "
-                                  "float32")
+        if key.startswith("optim/") and not key.endswith("/step"):
+            param = key[len("optim/"):].rpartition("/")[0]      # a complex parameter's state is complex (torch's)
+            kind = "complex64" if param in expected and expected[param].is_complex else "float32"
+            if str(array.dtype) != kind:
+                raise CheckpointError(f"optimizer state {key!r} in checkpoint {str(path)!r} is {array.dtype}, not "
+                                      f"{kind}")
 
 
 def load(path: Path, program: Program, allow_config_change: bool = False) -> Checkpoint:

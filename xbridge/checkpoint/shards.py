@@ -98,7 +98,7 @@ def write_part(tmp: Path, group: Group, model: dict[str, Any], train: dict[str, 
             listed: list[dict[str, Any]] = []
             part["layout"][kind][name] = {"dtype": dtype, "shape": list(shape), "pieces": listed}
             for start, array in pieces:
-                if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
                     raise NonFinite(f"{name!r} holds NaN or Inf")
                 if str(array.dtype) != dtype:
                     raise ValueError(f"piece of {name!r} is {array.dtype}, the tensor {dtype}")

@@ -28,11 +28,17 @@ _FUSED = re.compile(r"(^|\.)(qkv|c_attn|query_key_value|wqkv|Wqkv|in_proj)\.bias
 
 
 def ulp_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every non-zero floating element one ulp up (zeros stay zero, integer buffers unchanged)."""
+    """Every non-zero floating element one ulp up (zeros stay zero, integer buffers unchanged; a complex element's
+    real and imaginary parts each)."""
+    def up(array: np.ndarray) -> np.ndarray:
+        return np.where(array != 0, np.nextafter(array, np.array(np.inf, array.dtype)), array)
+
     out = {}
     for name, array in weights.items():
         if np.issubdtype(array.dtype, np.floating):
-            array = np.where(array != 0, np.nextafter(array, np.array(np.inf, array.dtype)), array)
+            array = up(array)
+        elif np.iscomplexobj(array):
+            array = (up(array.real) + 1j * up(array.imag)).astype(array.dtype)
         out[name] = array
     return out
 
@@ -55,9 +61,9 @@ def quiet_elements(program: Program, weights: dict[str, np.ndarray]) -> dict[str
     values = torch.stack([v for v, _ in found])
     counts = [c for _, c in found if c is not None]
     loss = per_item(values.sum(), torch.stack(counts).sum()) if counts else values.mean()
-    grads = {n: g.detach().double().numpy() for n, g in
+    grads = {n: g.detach().to(torch.complex128 if g.is_complex() else torch.float64).numpy() for n, g in
              zip(params, torch.autograd.grad(loss, list(params.values()), allow_unused=True)) if g is not None}
-    loudest = max((float(np.sqrt(np.mean(g ** 2))) for g in grads.values() if g.size), default=0.0)
+    loudest = max((float(np.sqrt(np.mean(np.abs(g) ** 2))) for g in grads.values() if g.size), default=0.0)
     masks = {n: np.abs(g) < QUIET_GRADIENT * loudest for n, g in grads.items()}
     return {n: m for n, m in masks.items() if m.any()}
 

@@ -115,19 +115,25 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float], tol: Tol
     return Deviation(float(rel[step]), f"step {step}", limit)
 
 
+def _wide(array: np.ndarray) -> np.ndarray:
+    """float64, or complex128 for a complex tensor (its imaginary part kept)."""
+    return array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
+
+
 def tensor_deviations(reference: dict[str, np.ndarray], params: dict[str, np.ndarray]) -> dict[str, float]:
-    """Per floating tensor: ``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)``; inf where the shapes differ."""
+    """Per floating or complex tensor: ``RMS(p - ref) / max(RMS(ref), PARAM_SCALE_FLOOR)`` (complex: of the
+    moduli); inf where the shapes differ."""
     out = {}
     for name, ref in reference.items():
         got = params.get(name)
-        if not np.issubdtype(ref.dtype, np.floating) or got is None:
+        if not np.issubdtype(ref.dtype, np.inexact) or got is None:
             continue
         if got.shape != ref.shape:
             out[name] = float("inf")
             continue
-        ref64 = ref.astype(np.float64)
-        rms_diff = float(np.sqrt(np.mean((got.astype(np.float64) - ref64) ** 2))) if ref.size else 0.0
-        value = rms_diff / max(float(np.sqrt(np.mean(ref64 ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
+        ref64 = _wide(ref)
+        rms_diff = float(np.sqrt(np.mean(np.abs(_wide(got) - ref64) ** 2))) if ref.size else 0.0
+        value = rms_diff / max(float(np.sqrt(np.mean(np.abs(ref64) ** 2))) if ref.size else 0.0, PARAM_SCALE_FLOOR)
         out[name] = value if np.isfinite(value) else float("inf")
     return out
 
@@ -149,11 +155,11 @@ def _quiet_parts(name: str, ref: np.ndarray, got: np.ndarray, noise: QuietNoise,
     mask, other = noise.quiet.get(name), noise.state.get(name)
     if mask is None or other is None or mask.shape != ref.shape or other.shape != ref.shape or not ref.size:
         return None
-    ref64 = ref.astype(np.float64)
-    scale = max(float(np.sqrt(np.mean(ref64 ** 2))), PARAM_SCALE_FLOOR)
+    ref64 = _wide(ref)
+    scale = max(float(np.sqrt(np.mean(np.abs(ref64) ** 2))), PARAM_SCALE_FLOOR)
 
     def part(array: np.ndarray, where: np.ndarray) -> float:
-        value = float(np.sqrt(np.sum((array.astype(np.float64) - ref64)[where] ** 2) / ref.size)) / scale
+        value = float(np.sqrt(np.sum(np.abs(_wide(array) - ref64)[where] ** 2) / ref.size)) / scale
         return value if np.isfinite(value) else float("inf")
 
     own = part(other, mask)
@@ -181,7 +187,7 @@ def param_deviation(reference: dict[str, np.ndarray], params: dict[str, np.ndarr
         got = params[name]
         if got.shape != ref.shape:
             return Deviation(float("inf"), f"{name}: shape {got.shape} vs {ref.shape}", tol.param_rtol)
-        if not np.issubdtype(ref.dtype, np.floating):    # counters (BatchNorm's num_batches_tracked): exactly
+        if not np.issubdtype(ref.dtype, np.inexact):    # counters (BatchNorm's num_batches_tracked): exactly
             if not np.array_equal(got, ref):
                 return Deviation(float("inf"), f"{name}: {got.ravel()[:4].tolist()} vs {ref.ravel()[:4].tolist()}",
                                  tol.param_rtol)

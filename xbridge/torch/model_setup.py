@@ -41,7 +41,10 @@ def build_model(program: Program, weights: dict[str, np.ndarray] | None, device:
         state = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in weights.items()}
         model.load_state_dict(state, strict=True)
     ties = tied_groups(model)
-    model.to(device=device, dtype=torch_dtype(program.precision.params))
+    params_dtype = torch_dtype(program.precision.params)
+    # Module.to(dtype) would cast complex tensors too (dropping the imaginary part): only floating ones take the
+    # params dtype; complex ones keep theirs under every precision (docs/precision.md). _apply is what .to uses.
+    model._apply(lambda t: t.to(device=device, dtype=params_dtype if t.is_floating_point() else None))
     retie(model, ties)
     _cast_outputs(model, torch_dtype(program.precision.output))
     model.train()
