@@ -79,5 +79,9 @@ def test_the_command_keeps_a_variant_and_the_run_options_and_drops_compares_own(
              "--steps", "6", "--warmup", "2", "--devices", "4", "--format", "json", "--out", "/o/runs/x",
              "--precision", "bf16-mixed", "--rng", "portable", "--tensorboard", "/tb/x", "--processes", "2",
              "--profile", "steps=3:5"]
-    assert run_command(child) == ("xbridge run 'my prog.py:small' --backend xla-cpu --xla-mode openxla --devices 4 "
-                                  "--precision bf16-mixed --rng portable --processes 2")
+    assert run_command(child, "xla-cpu:xla-mode=openxla") == (
+        "xbridge run 'my prog.py:small' --backend xla-cpu --xla-mode openxla --devices 4 --precision bf16-mixed "
+        "--rng portable --processes 2")
+    # a target raced in another environment (its child started there with the bare target) names the environment
+    there = ["/venv-xla/python", "-m", "xbridge", "run", "gpt.py", "--backend", "inductor-cpu", "--steps", "20"]
+    assert run_command(there, "inductor-cpu@xla") == "xbridge run gpt.py --backend inductor-cpu@xla"

@@ -23,10 +23,11 @@ _RACE_ONLY = {"--out": 1, "--format": 1, "--steps": 1, "--warmup": 1, "--tensorb
               "--init-state": 1}
 
 
-def run_command(child: list[str]) -> str:
+def run_command(child: list[str], target: str) -> str:
     """A compare child's command line as the user types it: ``xbridge run PROG --backend T ...`` with the options
     that made the race (devices, processes, precision, mesh, rng, remat, attention, a variant's options), and
-    none of compare's own bookkeeping."""
+    none of compare's own bookkeeping. ``target``: the row's (``inductor-cpu@xla``): a child in another environment
+    was started there with the bare target, and the user, in this one, names the environment."""
     start = child.index("run")
     args, kept = child[start + 1:], []
     index = 0
@@ -35,6 +36,9 @@ def run_command(child: list[str]) -> str:
             index += 1 + _RACE_ONLY[args[index]]
             continue
         kept.append(args[index])
+        if args[index] == "--backend" and index + 1 < len(args):
+            kept.append(target.partition(":")[0])       # TARGET[@ENV], without a variant's options
+            index += 1
         index += 1
     return shlex.join(["xbridge", "run", *kept])
 
@@ -103,7 +107,7 @@ def recommend(rows: list[CompareRow], reference: str, steps: int, precision: str
         return Recommendation(
             reference, f"the reference {reference} is the fastest at {precision}: {ref_step:.1f} ms a step, against "
                        f"{runner.finished.step_ms_median:.1f} ms for {runner.target}, the fastest target that passes "
-                       "parity", run_command(ref.command), 1.0, None, names, excluded)
+                       "parity", run_command(ref.command, ref.target), 1.0, None, names, excluded)
     speedup = ref_step / best_step
     extra_compile = best.finished.compile_s - ref.finished.compile_s
     break_even = math.floor(extra_compile / ((ref_step - best_step) / 1e3)) + 1 if extra_compile > 0 else None
@@ -114,4 +118,5 @@ def recommend(rows: list[CompareRow], reference: str, steps: int, precision: str
                    if _total_s(best, steps) > _total_s(ref, steps) else f"which this race's {steps} steps repay")
         reason += (f"; its compile takes {extra_compile:.1f} s more ({best.finished.compile_cache or 'cache unknown'}),"
                    f" repaid from {break_even} steps on, {verdict}")
-    return Recommendation(best.target, reason, run_command(best.command), speedup, break_even, names, excluded)
+    return Recommendation(best.target, reason, run_command(best.command, best.target), speedup, break_even, names,
+                          excluded)
