@@ -25,7 +25,7 @@ from xbridge import hints, processes
 from xbridge.cache import cache_dir
 from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
 from xbridge.data.source import checked_batch, source_name
-from xbridge.errors import BackendUnavailable
+from xbridge.errors import BackendUnavailable, LoweringError
 from xbridge.files import write_text
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
@@ -146,6 +146,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
                             self.replicated, cast)
                    for n, b in self.lowered.module.buffers.items()}
         self.trained = self._params_the_loss_uses(params, buffers, float_dtype)
+        self._refuse_changes_it_cannot_carry()
         self.stacks = Stacks.of_scan(self.scanner, self.lowered.canonical, self.trained, self.specs, params)
         params = self.stacks.stack(params, checkpoint_shards.abstract_stack if self.abstract else jnp.stack)
         for key in self.stacks.groups:
@@ -179,15 +180,36 @@ class JaxExecutable(JaxState, Probes, Profiling):
                  for k, v in checked_batch(self.program.data, 0, self.program.seed, rng_rows(self.program)).items()}
         env = self.lowered.env
         key = env.param.prng       # random ops (dropout) rotate torchax's key: no tracer of this trace may stay there
+        changed: list[str] = []
+
+        def loss(p: Any, bufs: Any, b: Any) -> Any:
+            value, _, updated = self.lowered(p, bufs, b)
+            changed.extend(n for n in updated if n in p)
+            return value
+
         try:
             with matmul_precision(self.program.precision.compute):
-                closed = jax.make_jaxpr(lambda p, bufs, b: self.lowered(p, bufs, b)[0])(params, buffers, batch)
+                closed = jax.make_jaxpr(loss)(params, buffers, batch)
         finally:
             env.param.prng = key
+        self.changed_in_forward = changed      # parameters the forward changes in place (step_builders carries them)
         read = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars} | {id(v) for v in closed.jaxpr.outvars}
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         used = {path[0].key for (path, _), var in zip(flat, closed.jaxpr.invars[:len(flat)]) if id(var) in read}
         return [n for n in self.lowered.param_names if n in used]
+
+    def _refuse_changes_it_cannot_carry(self) -> None:
+        """A parameter the forward changes in place is carried into the update (step_builders.py) where the step
+        holds it whole: not a layer of a scanned stack, nor a shard of one split under shard_map."""
+        for name in self.changed_in_forward:
+            scanned = self.scanner is not None and name.startswith(f"{self.scanner.path}.")
+            split = self.mode == "shard_map" and any(entry is not None for entry in self.specs.get(name, ()))
+            if scanned or split:
+                why = "a layer of the scanned stack (scan_layers)" if scanned else "split over the mesh under shard_map"
+                raise LoweringError(f"the forward of program {self.program.name!r} changes parameter {name!r} in "
+                                    f"place, and it is {why}, where the jax backend cannot carry the change into "
+                                    "the next step; change it outside the forward, or run with "
+                                    f"{'--sharding-mode gspmd' if split else 'the layers unrolled'}")
 
     def loss_of(self, params: dict[str, Any], buffers: Any, batch: Any, key: jax.Array | None = None) -> Any:
         """The lowered loss of a state's parameters (the scanned layers' groups read stacked by the scan), its

@@ -58,7 +58,8 @@ class ModuleTracker:
 class LoweredLoss:
     """``self(params, buffers, batch) -> (float32 loss, buffers after the forward)``; params keyed by the canonical
     (untied) names. Buffers the forward updates in place (BatchNorm's running statistics and batch counter) come
-    back with their new values, in their own dtypes."""
+    back with their new values, in their own dtypes, and so do the parameters it changes in place (under their
+    names, beside the buffers: the train step carries them into the update)."""
 
     def __init__(self, program: Program, model: torch.nn.Module) -> None:
         self.program = program
@@ -89,7 +90,7 @@ class LoweredLoss:
         amp = autocast.compute_autocast(self.env, torch_dtype(precision.compute) if precision.mixed else None)
         keyed = self.env.override_property(prng=key) if key is not None else contextlib.nullcontext()
         try:
-            with self.env, amp, keyed, hints.activate(self.hint), patches.custom_functions():
+            with self.env, amp, keyed, hints.activate(self.hint), patches.custom_functions(), patches.grad_mode():
                 loss = self.module.functional_call(self.program.loss, p, b, tb)
         except OperatorNotFound as exc:
             op = str(exc).removeprefix("Operator with name ").removesuffix(" has no lowering")
@@ -119,8 +120,13 @@ class LoweredLoss:
             count = jnp.asarray(count, jnp.float32)
         else:
             value, count = self.env.t2j_iso(loss), None
-        # torchax runs an in-place update (running_mean.mul_(...)) by giving the tensor a new array: read them back
+        # torchax runs an in-place update (running_mean.mul_(...)) by giving the tensor a new array: read them back,
+        # and the parameters the forward changed in place (under torch.no_grad: a clamped scale), under their names
         updated = {n: jnp.asarray(self.env.t2j_iso(t)).astype(buffers[n].dtype) for n, t in b.items()}
+        for name, tensor in p.items():
+            array = self.env.t2j_iso(tensor)
+            if name in params and array is not params[name]:
+                updated[name] = jnp.asarray(array).astype(params[name].dtype)
         return jnp.asarray(value).astype(jnp.float32), count, updated
 
 

@@ -31,6 +31,13 @@ xbridge/torch/patches.py states the rule and holds the version guard). :func:`ap
   ran the forward's operators and JAX differentiated them: the user's backward was never called); any other call
   goes to torch's own. Scoped, not applied from ``lower()``: inductor and xla in the same process (Dynamo knows
   ``Function.apply`` by identity) never see it. The classmethod that was there is put back after the trace.
+- torch's grad mode (:func:`grad_mode`): torchax ignores ``torch.no_grad()``, so JAX differentiated what a forward
+  computes under it (a target, a teacher's output: gradients eager never has), and a parameter changed in place
+  there (CLIP's clamped logit scale) had its gradient cut by the change (``clamp_`` passes none where it clamps)
+  where torch's leaf keeps it. Only while a loss is traced, the default environment's ``dispatch`` (an instance
+  attribute set over the method) does what torch does with grad mode off: an operator's new outputs are
+  ``jax.lax.stop_gradient``, and a tensor it changes in place takes its new value with the gradient of the old
+  (``old + stop_gradient(new - old)``). The method is the environment's again after the trace.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ ATTENTION = Patch("torchax's operator table (scaled_dot_product_attention routed
                   shared.TORCHAX)
 CUSTOM_FUNCTIONS = Patch("torch.autograd.Function.apply (a Function's forward and backward as a jax.custom_vjp)",
                          "torch", shared.TORCH)
+GRAD_MODE = Patch("torchax's Environment.dispatch (torch.no_grad: no gradient through what it computes)", "torchax",
+                  shared.TORCHAX)
 ACCELERATOR = Patch("torchax.device_module.is_available (torch.accelerator, which Dynamo asks for a stream)",
                     "torchax", shared.TORCHAX)
 _PATCHES = PatchSet(AUTOCAST, OPERATORS, ATTENTION)
@@ -150,3 +159,40 @@ def custom_functions() -> Iterator[None]:
         yield
     finally:
         owner.apply = original
+
+
+@contextlib.contextmanager
+def grad_mode() -> Iterator[None]:
+    """For the block: torchax's default environment honours ``torch.no_grad()`` (the module docstring says how)."""
+    shared.check(GRAD_MODE)
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import torchax
+    from torch.utils import _pytree as torch_pytree
+    from torchax.tensor import Tensor
+
+    env = torchax.default_env()
+    dispatch = env.dispatch         # the bound method
+
+    def honouring_grad_mode(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            return dispatch(func, types, args, kwargs)
+        given = [t for t in torch_pytree.tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        before = [t._elem for t in given]
+        result = dispatch(func, types, args, kwargs)
+        for tensor, old in zip(given, before):
+            new = tensor._elem
+            if new is not old and jnp.issubdtype(new.dtype, jnp.inexact) and new.shape == old.shape:
+                tensor._elem = old + jax.lax.stop_gradient(new - old)
+        seen = {id(t) for t in given}
+        for out in torch_pytree.tree_flatten(result)[0]:
+            if isinstance(out, Tensor) and id(out) not in seen:
+                out._elem = jax.lax.stop_gradient(out._elem)
+        return result
+
+    env.dispatch = honouring_grad_mode
+    try:
+        yield
+    finally:
+        del env.dispatch            # the class's method again

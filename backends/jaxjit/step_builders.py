@@ -54,6 +54,7 @@ def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale:
         # a complex parameter's gradient as torch gives it (d/dre + i d/dim): JAX's is its conjugate
         out, grads = value_and_grad(*args)
         return out, jax.tree.map(lambda g: jnp.conj(g) if jnp.iscomplexobj(g) else g, grads)
+    changed = ex.changed_in_forward     # parameters the forward changes in place: each micro-batch sees the last's
     if accum == 1:
         (_, (loss, count, updated)), grads = grad_fn(params, batch, buffers, key)
     else:
@@ -61,18 +62,20 @@ def micro_grads(ex: JaxExecutable, params: Any, buffers: Any, batch: Any, scale:
         summed: list[bool] = []     # filled while the body is traced: did the loss return xb.LossSum?
 
         def body(carry: Any, xs: Any) -> tuple[Any, None]:
-            g_acc, l_acc, c_acc, bufs = carry
+            g_acc, l_acc, c_acc, bufs, own = carry
             mb, index = xs
-            (_, (loss, count, bufs)), g = grad_fn(params, mb, bufs, jax.random.fold_in(key, index))
+            (_, (loss, count, bufs)), g = grad_fn({**params, **own}, mb, bufs, jax.random.fold_in(key, index))
+            own = {n: bufs.pop(n) for n in changed}
             summed.append(count is not None)
             # a mean: the mean over the micro-batches; a LossSum: the totals and the counts summed
             l_acc = l_acc + loss / accum if count is None else l_acc + loss
             c_acc = c_acc + count if count is not None else c_acc
-            return (jax.tree.map(jnp.add, g_acc, g), l_acc, c_acc, bufs), None
+            return (jax.tree.map(jnp.add, g_acc, g), l_acc, c_acc, bufs, own), None
 
         init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32),
-                buffers)
-        (grads, loss, count, updated), _ = jax.lax.scan(body, init, (micro, jnp.arange(accum)))
+                buffers, {n: params[n] for n in changed})
+        (grads, loss, count, updated, own), _ = jax.lax.scan(body, init, (micro, jnp.arange(accum)))
+        updated = {**updated, **own}
         count = count if summed[-1] else None
     items = jnp.full((), jnp.nan, jnp.float32)
     if count is not None:
@@ -90,8 +93,9 @@ def apply_update(ex: JaxExecutable, state: dict[str, Any], grads: Any, loss: jax
     the forward updated are kept. ``reduce_sum(name, x)`` totals a per-parameter scalar over the devices
     holding that parameter's shards."""
     spec = ex.program.optimizer
-    params = state["params"]
-    new = dict(state, buffers=buffers)
+    # a parameter the forward changed in place (under torch.no_grad) is updated from its changed value, as torch's is
+    params = {**state["params"], **{n: v for n, v in buffers.items() if n in state["params"]}}
+    new = dict(state, buffers={n: v for n, v in buffers.items() if n not in state["params"]})
     if ex.scaling:
         inv = 1.0 / state["scaler"].scale
         grads = jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
