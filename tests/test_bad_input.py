@@ -176,9 +176,9 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["compare", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/results.csv' exists and xbridge did not write it"),
     (["parity", MLP, "--backends", "eager-cpu", "--out", "{ws}/out"], "--out: '{ws}/out/parity.json' exists and xbridge did not write it"),
     (["compare", MLP, "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
-    (["run", MLP, "--steps", "2", "--out", ""], "--out is given an empty value; give one"),
-    (["compare", MLP, "--backends", "eager-cpu", "--out="], "--out is given an empty value; give one"),
-    (["run", MLP, "--steps", "2", "--checkpoint-dir", ""], "--checkpoint-dir is given an empty value; give one"),
+    (["run", MLP, "--steps", "2", "--out", ""], "--out is given an empty value; give a path (. for the current folder)"),
+    (["compare", MLP, "--backends", "eager-cpu", "--out="], "--out is given an empty value; give a path (. for the current folder)"),
+    (["run", MLP, "--steps", "2", "--checkpoint-dir", ""], "--checkpoint-dir is given an empty value; give a path (. for the current folder)"),
     # processes
     (["run", MLP, "--backend", "jax-cpu", "--processes", "0"], "--processes must be a count >= 1 or 'cluster', got 0"),
     (["run", MLP, "--backend", "jax-cpu", "--processes", "two"], "--processes must be a count >= 1 or 'cluster', got 'two'"),
@@ -333,8 +333,8 @@ def test_a_second_command_writing_one_out_folder_is_refused(tmp_path):
         for command in (["run", MLP, "--steps", "2"], ["compare", MLP, "--backends", "eager-cpu", "--steps", "2"]):
             proc = xbridge_here(*command, "--out", str(out))
             assert proc.returncode == 2 and one_error_line(proc) == (
-                f"error: --out {str(out)!r} is being written by another xbridge command (pid {holder.pid}); give "
-                "each command its own folder"), proc.stderr
+                f"error: --out {str(out)!r} is being written by another xbridge command; give each command its own "
+                "folder"), proc.stderr
         assert not (out / "run.json").exists()
     finally:
         holder.kill()

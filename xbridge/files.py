@@ -21,8 +21,7 @@ from typing import Any
 from .errors import ConfigError
 
 LEDGER = ".xbridge-written"
-CLAIM = ".xbridge-lock"     # held (fcntl) by the one command writing an output folder
-_claimed: list[int] = []    # this process's claims: descriptors of the folders' lock files
+_claimed: list[tuple[int, Path | None]] = []    # this process's claimed folders: (descriptor, the folder if made here)
 
 
 def written_by_xbridge(path: Path) -> bool:
@@ -79,29 +78,32 @@ def check_file_writable(path: Path, flag: str) -> None:
 def claim(directory: Path, flag: str) -> None:
     """Make ``directory`` this command's alone until :func:`release_claims` (or the process's end): two commands
     given one output folder at once would overwrite each other's records, so the second is refused before any
-    work, naming the first's process."""
+    work. The lock is the folder's own (fcntl on its descriptor): nothing is written into it for the lock, and a
+    folder made here that stays empty (a command refused after this) is removed again."""
+    made = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(directory / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise ConfigError(f"{flag} {str(directory)!r}: its lock file cannot be created: {exc.strerror}") from None
+        raise ConfigError(f"{flag} {str(directory)!r} cannot be opened: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = os.read(fd, 32).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise ConfigError(f"{flag} {str(directory)!r} is being written by another xbridge command (pid {owner}); "
-                          "give each command its own folder") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    _claimed.append(fd)
+        raise ConfigError(f"{flag} {str(directory)!r} is being written by another xbridge command; give each "
+                          "command its own folder") from None
+    _claimed.append((fd, directory if made else None))
 
 
 def release_claims() -> None:
     """Give back every folder this process claimed (the end of a command)."""
     while _claimed:
+        fd, made = _claimed.pop()
         with contextlib.suppress(OSError):
-            os.close(_claimed.pop())
+            os.close(fd)
+        if made is not None:
+            with contextlib.suppress(OSError):      # only while empty
+                made.rmdir()
 
 
 def _check_names(path: Path, flag: str) -> None:

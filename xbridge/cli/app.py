@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect as pyinspect
 import os
 import signal
 import sys
 import threading
+import typing
 from pathlib import Path
 
 import typer
@@ -54,22 +56,23 @@ app.command(epilog="Example: xbridge inspect programs/gpt.py --devices 8 --mesh 
 
 
 def _refuse_empty_values(args: list[str]) -> None:
-    """An option given an empty value (``--out ""``, ``--checkpoint-dir=``) is refused: as a path it would mean the
-    current folder, which nobody means by typing nothing."""
-    import click
-
-    group = typer.main.get_command(app)
-    command = group.commands.get(args[0]) if args and isinstance(group, click.Group) else None
+    """A path option given an empty value (``--out ""``, ``--checkpoint-dir=``) is refused: it would mean the current
+    folder, which nobody means by typing nothing. The path options are read off each command's signature."""
+    command = next((info.callback for info in app.registered_commands if args and info.callback is not None
+                    and (info.name or info.callback.__name__.replace("_", "-")) == args[0]), None)
     if command is None:
         return
-    takes_value = {name for param in command.params if isinstance(param, click.Option) and not param.is_flag
-                   for name in param.opts}
+    hints = typing.get_type_hints(command)
+    paths = set()
+    for name, parameter in pyinspect.signature(command).parameters.items():
+        if Path in (hints.get(name), *typing.get_args(hints.get(name))):
+            declared = [d for d in getattr(parameter.default, "param_decls", None) or () if d.startswith("--")]
+            paths.update(declared or [f"--{name.replace('_', '-')}"])
     for index, arg in enumerate(args[1:], start=1):
         name, equals, value = arg.partition("=")
-        empty = (equals and not value) if equals else (index + 1 < len(args) and not args[index + 1])
-        if name in takes_value and empty:
-            raise ConfigError(f"{name} is given an empty value; give one (a path option never means the current "
-                              "folder by being empty: write . for that)")
+        empty = not value if equals else (index + 1 < len(args) and not args[index + 1])
+        if name in paths and empty:
+            raise ConfigError(f"{name} is given an empty value; give a path (. for the current folder)")
 
 
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EROFS}
