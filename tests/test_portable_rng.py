@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import ROOT, one_error_line, run_cli
+from helpers import ROOT, one_error_line, run_cli, xbridge_here
 from xbridge.errors import ProgramError
 from xbridge.torch.portable_rng import PortableRandom, threefry2x32
 
@@ -464,3 +464,44 @@ def test_native_draws_come_from_the_programs_seed_and_resume_where_they_were(tar
     assert len(set(losses)) == 4
     assert [s["loss"] for s in json.loads(again.stdout)["steps"]] == losses[:2]
     assert [s["loss"] for s in json.loads(rest.stdout)["steps"]] == losses[2:]
+
+
+# -- attention dropout inside nn.MultiheadAttention (issue 55) ------------------------------------------------------
+ENCODER = str(ROOT / "tests" / "fixtures" / "transformer_encoder.py")
+
+
+def test_multihead_attention_dropout_is_portable_in_eager_and_under_dynamo():
+    """nn.MultiheadAttention draws its attention dropout inside F.multi_head_attention_forward, where a torch function
+    mode does not see it (it is off while it handles the call) and which Dynamo keeps whole in the graph (AOT autograd
+    then traced torch's own dropout): both drew torch's numbers, and an nn.TransformerEncoder failed parity at step 0
+    (4e-2). Eager and a compiled call now draw the same portable mask."""
+    from xbridge.torch import portable_rng
+
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    rows = torch.stack([torch.arange(2), torch.zeros(2, dtype=torch.long)], 1).int()
+
+    def loss(model, batch):
+        return model(batch["x"], batch["x"], batch["x"], need_weights=False)[0].square().sum()
+
+    portable = portable_rng.portable_loss(loss, 0)
+    eager = portable(attention, {"x": x, "xbridge.rng": rows})
+    with portable_rng.factories():
+        compiled = torch.compile(portable, backend="aot_eager")(attention, {"x": x, "xbridge.rng": rows})
+    assert abs(eager.detach().item() - loss(attention.eval(), {"x": x}).detach().item()) > 1e-3     # the dropout drew something
+    torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+def test_an_unmodified_transformer_encoder_with_its_dropout_passes_parity(tmp_path):
+    proc = run_cli("parity", ENCODER, "--steps", "3", "--rng", "portable", "--backends",
+                   "inductor-cpu,jax-cpu,xla-cpu", "--jobs", "2", "--format", "json", "--out", str(tmp_path / "p"))
+    record = json.loads(proc.stdout)
+    failed = [(r["target"], r.get("error"), r.get("max_loss_dev"), r.get("first_failing_step"))
+              for r in record["targets"] if r["verdict"] != "pass"]
+    assert not failed and proc.returncode == 0, failed
+    checked = xbridge_here("check", ENCODER, "--backends", "jax-cpu", "--format", "json")
+    draws = json.loads(checked.stdout)["draws"]
+    assert {"module": "enc.layers.0.self_attn", "op": "scaled_dot_product_attention", "portable": True} in draws

@@ -51,9 +51,9 @@ class Patch:
     supported: str
 
 
-RANDOM_FACTORIES = Patch("torch.rand/randn/randint/randperm/normal and the _like factories forwarded to the portable "
-                         "generator (Dynamo's "
-                         "torch object map built first)", "torch", TORCH)
+RANDOM_FACTORIES = Patch("torch.rand/randn/randint/randperm/normal and the _like factories, and "
+                         "torch.nn.functional's dropout and scaled_dot_product_attention, forwarded to the portable "
+                         "generator (Dynamo's torch object map built first)", "torch", TORCH)
 PATCHES = (RANDOM_FACTORIES,)
 
 
@@ -171,12 +171,15 @@ def replaced(owner: Any, values: Mapping[Any, Any], *, items: bool = False) -> I
 
 
 @contextlib.contextmanager
-def replaced_factories(forwarders: Mapping[str, Callable[..., Any]]) -> Iterator[None]:
-    """``torch.<name>`` is ``forwarders[name]`` for the block (:data:`RANDOM_FACTORIES`)."""
+def replaced_factories(forwarders: Mapping[str, Callable[..., Any]],
+                       functional: Mapping[str, Callable[..., Any]] | None = None) -> Iterator[None]:
+    """``torch.<name>`` is ``forwarders[name]``, and ``torch.nn.functional.<name>`` ``functional[name]``, for the
+    block (:data:`RANDOM_FACTORIES`)."""
     check(RANDOM_FACTORIES)
     import torch
+    import torch.nn.functional as F
     from torch._dynamo.trace_rules import get_torch_obj_rule_map
 
     get_torch_obj_rule_map()
-    with replaced(torch, forwarders):
+    with replaced(torch, forwarders), replaced(F, functional or {}):
         yield

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -63,6 +64,28 @@ from xbridge.errors import ProgramError
 from .patches import replaced_factories
 from .portable_samplers import _HANDLERS, _REFUSED, _TRAINING_ONLY, _trains
 from .threefry import _DIGITS, _INT32, _open_uniform, _refuse, _shr, _uniform, threefry2x32
+
+# torch functions whose own body draws (nn.MultiheadAttention's forward: its attention dropout, through
+# scaled_dot_product_attention's dropout_p, or F.dropout of the weights when they are returned): a TorchFunctionMode
+# is off while its handler runs, and turning it on again there would hand it the same call again. So while one runs,
+# the torch.nn.functional names its body calls (_DRAWN_INSIDE) go to the mode (_composite).
+_COMPOSITES = (F.multi_head_attention_forward,)
+_DRAWN_INSIDE = ("dropout", "scaled_dot_product_attention")
+
+
+def _composite(mode: TorchFunctionMode, func: Callable, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    originals = {name: getattr(F, name) for name in _DRAWN_INSIDE}
+
+    def routed(original: Callable) -> Callable:
+        return lambda *a, **k: mode.__torch_function__(original, (), a, k)
+
+    for name, original in originals.items():
+        setattr(F, name, routed(original))
+    try:
+        return func(*args, **kwargs)
+    finally:
+        for name, original in originals.items():
+            setattr(F, name, original)
 
 
 class PortableRandom(TorchFunctionMode):
@@ -155,6 +178,8 @@ class PortableRandom(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = dict(kwargs or {})
+        if func in _COMPOSITES:
+            return _composite(self, func, args, kwargs)
         handler = _HANDLERS.get(func)
         if handler is None:
             if func in _REFUSED and (func not in _TRAINING_ONLY or _trains(args, kwargs)):
@@ -208,11 +233,28 @@ def _forwarder(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
 _FORWARDERS = {name: _forwarder(original) for name, original in _ORIGINAL.items()}
 
 
+def _inlined(function: Callable) -> Callable:
+    """A copy of a torch function (its code and globals): Dynamo keeps ``F.multi_head_attention_forward`` whole in
+    the graph, where AOT autograd later traces it with torch's own dropout; a copy is not the object Dynamo knows, so
+    Dynamo traces its body, whose dropout and attention are then the forwarders below."""
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = function.__qualname__
+    return copy
+
+
+# Under a compiler nn.MultiheadAttention's attention dropout would be torch's: its function is traced as its body, and
+# the functions that body draws in (_DRAWN_INSIDE) go to the generator, as the mode sends them in eager.
+_FUNCTIONAL = {**{name: _forwarder(getattr(F, name)) for name in _DRAWN_INSIDE},
+               "multi_head_attention_forward": _inlined(F.multi_head_attention_forward)}
+
+
 def factories() -> contextlib.AbstractContextManager[None]:
-    """``torch.rand``, ``randn``, ``randint``, ``randperm``, ``normal`` and the ``_like`` factories forwarded to the
-    portable generator while a (compiled) loss runs, and put back after
-    (:func:`xbridge.torch.patches.replaced_factories`)."""
-    return replaced_factories(_FORWARDERS)
+    """``torch.rand``, ``randn``, ``randint``, ``randperm``, ``normal`` and the ``_like`` factories, and
+    ``F.dropout`` and ``F.scaled_dot_product_attention``, forwarded to the portable generator while a (compiled) loss
+    runs, and put back after (:func:`xbridge.torch.patches.replaced_factories`)."""
+    return replaced_factories(_FORWARDERS, _FUNCTIONAL)
 
 
 def portable_loss(loss: Callable[[Any, dict[str, Any]], Any], seed: int) -> Callable[[Any, dict[str, Any]], Any]:
@@ -256,6 +298,8 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in _COMPOSITES:
+            return _composite(self, func, args, kwargs)
         name = None
         if func in _DROPOUTS:
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
