@@ -195,3 +195,17 @@ def test_a_parameter_the_loss_never_uses_follows_torch_optim(tmp_path):
     train = safetensors.numpy.load_file(ck / "step-00000002" / "train.safetensors")
     assert any(key.startswith("optim/head.weight/") for key in train)
     assert not any(key.startswith(("optim/spare/", "optim/spare_head.")) for key in train)   # no state, as torch
+
+
+def test_embedding_bag_runs_and_matches_on_every_backend_and_check_agrees(tmp_path):
+    """nn.EmbeddingBag (tests/fixtures/embedding_bag.py): on jax torchax's lowering read the offsets as numpy (a JAX
+    tracer error, reported as an error in the user's loss) and on xla torch_xla ran it on the CPU (refused, the
+    one-graph step cannot stop); both lower it now (backends/*/ops.py), and check says so. Ragged bags with an empty
+    one (the 2-D form, bags torch makes the offsets of: tests/test_jax_backend.py)."""
+    program = f"{FIXTURES / 'embedding_bag.py'}:bags"
+    code, record = parity(tmp_path, program, "--steps", "4", "--backends", ",".join(SHARDED_CPU_TARGETS))
+    failed = [(r["target"], r.get("error"), r.get("max_loss_dev")) for r in record["targets"] if r["verdict"] != "pass"]
+    assert code == 0 and not failed, failed
+    checked = run_cli("check", program, "--backends", ",".join(SHARDED_CPU_TARGETS), "--format", "json")
+    assert {t["target"]: t["verdict"] for t in json.loads(checked.stdout)["targets"]} == dict.fromkeys(
+        SHARDED_CPU_TARGETS, "runs")

@@ -159,8 +159,8 @@ def test_xla_cuda_and_tpu_are_answered_with_reasons():
 
 
 def test_xbridge_kernels_for_grouped_mm_and_histc_match_torch():
-    """torch_xla 2.9 has no _grouped_mm (it crashes), runs histc on the CPU (floats only) and updates BatchNorm's
-    running variance with the biased variance: xbridge's kernels
+    """torch_xla 2.9 has no _grouped_mm (it crashes), runs histc and _embedding_bag on the CPU (histc: floats only)
+    and updates BatchNorm's running variance with the biased variance: xbridge's kernels
     (backends/xlaspmd/ops.py) against torch's own, forward and backward."""
     import subprocess
     import sys
@@ -169,8 +169,10 @@ def test_xbridge_kernels_for_grouped_mm_and_histc_match_torch():
                           capture_output=True, text=True, timeout=300, env={**user_env(), "PJRT_DEVICE": "CPU"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    bags = {f"embedding_bag_{name}{grad}" for name in ("sum", "mean", "max", "weighted", "last_offset")
+            for grad in ("", "_grad")}
     assert set(diffs) == {"forward", "grad_a", "grad_b", "histc_int", "histc_float_range", "batch_norm",
-                          "batch_norm_grad", "batch_norm_running_var", "batch_norm_running_mean"}
+                          "batch_norm_grad", "batch_norm_running_var", "batch_norm_running_mean", *bags}
     assert all(value <= 1e-5 for value in diffs.values()), diffs
 
 
