@@ -439,3 +439,24 @@ def test_embedding_bag_matches_torch_forward_and_backward(mode, extra):
     scale = jnp.arange(ref.numel()).reshape(ref.shape)
     grad = jax.grad(lambda v: (bagged(v) * scale).sum())(w)
     np.testing.assert_allclose(np.asarray(grad), ref_weight.grad.numpy(), atol=1e-5)
+
+
+def test_a_stack_failure_is_not_reported_as_the_programs_error():
+    """A JAX error raised inside a stack's code (torchax's own lowering of EmbeddingBag read a traced array as numpy)
+    is the stack failing, exit 1, not the program's error, exit 2; the same error raised by the program's own code
+    (np.asarray on a traced tensor) is the program's (xbridge.program_file.stack_failure)."""
+    import jax.numpy as jnp
+    from torchax.ops import jaten
+
+    from xbridge.program_file import stack_failure
+
+    def mine(x):
+        return np.asarray(x)
+
+    with pytest.raises(jax.errors.TracerArrayConversionError) as own:
+        jax.jit(mine)(jnp.ones(2))
+    assert not stack_failure(own.value)
+    with pytest.raises(jax.errors.TracerArrayConversionError) as theirs:
+        jax.jit(lambda w, i, o: jaten._aten__embedding_bag(w, i, o)[0])(jnp.ones((5, 2)), jnp.arange(3),
+                                                                         jnp.array([0, 2]))
+    assert stack_failure(theirs.value)

@@ -46,28 +46,44 @@ def split_ref(ref: str) -> tuple[str, str]:
     return ref, "program"
 
 
-def user_frame(exc: BaseException) -> tuple[traceback.FrameSummary, str] | None:
-    """Where ``exc`` was raised in the user's code, and what of the program was running: the innermost frame of its
-    traceback outside xbridge, the standard library and installed packages, and the role of the outermost such frame
-    ("loss", "model builder", "data source" of a loaded program, else "code"). None when the failure never reached
-    the user's code."""
+# Exceptions of these packages, raised inside them, are the stack failing while it runs the user's code (a lowering
+# that cannot handle a traced array), not the user's mistake: cli/app.py says so, exit 1.
+STACKS = ("jax", "jaxlib", "torchax", "torch_xla")
+
+
+def stack_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a compiler stack's own failure: an exception type of one of :data:`STACKS`, raised in
+    that stack's code (its innermost frame is not the user's: a program that calls ``np.asarray`` on a traced
+    tensor itself raises the same type in its own frame, and that is its mistake)."""
+    if type(exc).__module__.partition(".")[0] not in STACKS:
+        return False
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return bool(frames) and not _is_user(frames[-1].f_code.co_filename)
+
+
+def _is_user(filename: str) -> bool:
+    """A file outside xbridge, its backends, the standard library and installed packages."""
     import sysconfig
 
+    if filename.startswith("<"):
+        return False
     here = Path(__file__).resolve().parent
     outside = [Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
     spec = importlib.util.find_spec("xbridge.backends")
     if spec is not None and spec.origin:
         outside.append(Path(spec.origin).resolve().parent)
+    path = Path(filename).resolve()
+    return not path.is_relative_to(here) and not any(path.is_relative_to(o) for o in outside)
 
-    def is_user(filename: str) -> bool:
-        if filename.startswith("<"):
-            return False
-        path = Path(filename).resolve()
-        return not path.is_relative_to(here) and not any(path.is_relative_to(o) for o in outside)
 
+def user_frame(exc: BaseException) -> tuple[traceback.FrameSummary, str] | None:
+    """Where ``exc`` was raised in the user's code, and what of the program was running: the innermost frame of its
+    traceback outside xbridge, the standard library and installed packages, and the role of the outermost such frame
+    ("loss", "model builder", "data source" of a loaded program, else "code"). None when the failure never reached
+    the user's code."""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     summaries = traceback.extract_tb(exc.__traceback__)     # the same frames, in the same order
-    mine = [i for i, frame in enumerate(frames) if is_user(frame.f_code.co_filename)]
+    mine = [i for i, frame in enumerate(frames) if _is_user(frame.f_code.co_filename)]
     if not mine:
         return None
     return summaries[mine[-1]], _role(frames[mine[0]].f_code)
