@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,6 +267,9 @@ BAD_INPUTS = [  # (arguments, a literal fragment of the one error line); {ws} is
     (["run", BAD_DATA + ":not_array", "--steps", "3"], "data Spoiled, step 2: key 'y' is a list, not a numpy array"),
     (["run", BAD_DATA + ":not_dict", "--steps", "3"], "data Spoiled, step 2: batch() returned list, not a dict of arrays"),
     (["run", BAD_DATA + ":short_batch", "--steps", "3"], "data Spoiled, step 2: key 'x' has shape [10, 64], it was [64, 64] at step 0"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":float_loss", "--steps", "2"], "got a Python float (float(), .item() or .tolist() took the value off the tensor, and with it the gradient: return the tensor itself)"),
+    (["run", str(FIXTURES / "bad_programs.py") + ":float_loss", "--steps", "2", "--backend", "jax-cpu"], "the loss of program 'float-loss' takes a Python value from a tensor ("),
+    (["run", str(FIXTURES / "bad_programs.py") + ":huge_labels", "--steps", "2"], "data HugeLabels, step 0: key 'y' holds 9223372036854775813 at index (3,), beyond int64"),
     (["run", str(FIXTURES / "counted_loss.py") + ":no_labels", "--steps", "3"], "step 1: the loss's xb.LossSum count is 0 over the whole batch"),
     (["run", str(FIXTURES / "counted_loss.py") + ":negative_count", "--backend", "jax-cpu"], "step 0: the loss's xb.LossSum count is negative over the whole batch"),
     (["run", str(FIXTURES / "bad_programs.py") + ":no_such_layers"], "StepOptions layers='blocks': the model (Linear) has no submodule 'blocks'"),
@@ -341,6 +345,31 @@ def test_a_second_command_writing_one_out_folder_is_refused(tmp_path):
         holder.communicate()
     proc = xbridge_here("run", MLP, "--steps", "2", "--out", str(out))
     assert proc.returncode == 0 and (out / "run.json").is_file(), proc.stderr
+
+
+@pytest.mark.parametrize("args", [["cache"], ["cache", "--clear", "inductor"]])
+def test_a_cache_folder_that_is_a_file_is_refused(tmp_path, args):
+    """XBRIDGE_CACHE_DIR naming a file: `cache` said "no cache yet" and `cache --clear` nothing, both exit 0."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    proc = xbridge_here(*args, env={"XBRIDGE_CACHE_DIR": str(afile)})
+    assert proc.returncode == 2 and one_error_line(proc) == (
+        f"error: XBRIDGE_CACHE_DIR {str(afile)!r} is a file, not a folder; point it at a folder (made if missing) or "
+        "remove the file"), proc.stderr
+    assert afile.read_text() == "mine"
+
+
+def test_a_program_under_a_path_that_is_not_utf8_runs(tmp_path):
+    """A folder name in another encoding (bytes that are not UTF-8): the program's module name hashed its path with
+    str.encode, which refuses the surrogates Python decodes such bytes to (a raw UnicodeEncodeError)."""
+    import os
+
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/d\xff"))
+    folder.mkdir()
+    shutil.copy(MLP, folder / "p.py")
+    proc = xbridge_here("run", str(folder / "p.py"), "--steps", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["program"] == "mlp"
 
 
 def test_the_corpus_is_large_and_distinct():

@@ -40,10 +40,14 @@ WRITTEN = {
 
 
 def cache_root() -> Path:
+    """The cache folder: ``XBRIDGE_CACHE_DIR``, or ``xbridge`` under the user's cache folder. A path that is there
+    and is not a folder is refused (it never holds a cache: `xbridge cache` said "no cache yet" and exited 0)."""
     root = os.environ.get("XBRIDGE_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xbridge"
+    path = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xbridge"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{_named_root()} {str(path)!r} is a file, not a folder; point it at a folder (made if "
+                          "missing) or remove the file")
+    return path
 
 
 def _named_root() -> str:

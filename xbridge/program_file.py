@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -22,7 +23,8 @@ _LOADED: list[tuple[str, str, Program]] = []
 
 def module_name_for(path: Path) -> str:
     """The module name a program file is loaded under: the same in every process and on every run."""
-    return "xbridge_program_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    # os.fsencode: a path's own bytes (a name that is not UTF-8 holds surrogates that str.encode refuses)
+    return "xbridge_program_" + hashlib.sha256(os.fsencode(path.resolve())).hexdigest()[:16]
 
 
 def source_of(program: Program) -> tuple[str, str] | None:

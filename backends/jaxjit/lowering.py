@@ -23,7 +23,7 @@ from torchax import interop
 from torchax.tensor import OperatorNotFound
 
 from xbridge import hints
-from xbridge.errors import LoweringError
+from xbridge.errors import LoweringError, ProgramError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
 from xbridge.torch.seeding import training_seed
@@ -99,6 +99,11 @@ class LoweredLoss:
                                 "ops or run it on another backend") from None
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
                 jax.errors.NonConcreteBooleanIndexError) as exc:
+            if not self.tracker.stack:      # the loss function itself, outside the model: the program's mistake
+                raise ProgramError(f"the loss of program {self.program.name!r} takes a Python value from a tensor "
+                                    f"({type(exc).__name__}: float(), int(), .item() or `if tensor:`) inside the "
+                                    "compiled step, which JAX traces without values; keep it a tensor (return the "
+                                    "loss tensor itself; torch.where for a choice)") from None
             raise LoweringError(f"module {self.tracker.current!r} of program {self.program.name!r} computes a shape "
                                 f"or a Python value from tensor data ({type(exc).__name__}: nonzero, boolean "
                                 "indexing, .item() or `if tensor:`) inside the compiled step, which JAX traces "

@@ -237,4 +237,9 @@ class BatchCheck:
             raise DataError(f"{where}: key {key!r} is a {type(value).__name__}, not a numpy array")
         if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
             raise DataError(f"{where}: key {key!r} has dtype {value.dtype}; arrays must be numeric")
+        if value.dtype == np.uint64 and value.size and int(value.max()) > np.iinfo(np.int64).max:
+            at = np.unravel_index(int(value.argmax()), value.shape)
+            raise DataError(f"{where}: key {key!r} holds {int(value.max())} at index {tuple(int(i) for i in at)}, "
+                            "beyond int64, the widest integer torch and JAX compute with; keep ids and labels "
+                            "below 2**63")
         return value

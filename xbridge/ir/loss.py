@@ -40,6 +40,9 @@ def describe_loss_output(out: Any) -> str | None:
     found = shape(out)
     if found == () and hasattr(out, "shape"):
         return None
+    if isinstance(out, (int, float)):
+        return (f"a Python {type(out).__name__} (float(), .item() or .tolist() took the value off the tensor, and with "
+                "it the gradient: return the tensor itself)")
     return f"shape {found}" if found is not None else type(out).__name__
 
 
