@@ -238,7 +238,7 @@ class BatchCheck:
         if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
             raise DataError(f"{where}: key {key!r} has dtype {value.dtype}; arrays must be numeric")
         if value.dtype == np.uint64 and value.size and int(value.max()) > np.iinfo(np.int64).max:
-            at = np.unravel_index(int(value.argmax()), value.shape)
+            at = np.unravel_index(int(np.argmax(value)), value.shape)
             raise DataError(f"{where}: key {key!r} holds {int(value.max())} at index {tuple(int(i) for i in at)}, "
                             "beyond int64, the widest integer torch and JAX compute with; keep ids and labels "
                             "below 2**63")
