@@ -103,7 +103,7 @@ def test_a_cache_folder_that_cannot_be_one_is_one_line(tmp_path):
     afile.write_text("mine")
     proc = _xbridge("run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu", "--steps", "1",
                     env={**_env(tmp_path, "1"), "XBRIDGE_CACHE_DIR": str(afile)})
-    assert proc.returncode == 2 and f"XBRIDGE_CACHE_DIR {str(afile)!r}: {str(afile)!r} cannot be a folder" \
+    assert proc.returncode == 2 and f"XBRIDGE_CACHE_DIR {str(afile)!r} is a file, not a folder" \
         in one_error_line(proc)
     shared = tmp_path / "shared"
     shared.mkdir()

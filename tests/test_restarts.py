@@ -47,14 +47,17 @@ def test_sigterm_ends_a_run_as_ctrl_c_does(tmp_path):
     line = error_line(stopped)
     assert line.startswith("error: terminated by SIGTERM after step ") and f"--resume {ck}" in line, line
     step = int(line.split("after step ")[1].split()[0])
-    assert step in (5, 6) and [s for s, _ in checkpoint.list_checkpoints(ck)] == [4, step]
+    # the signal comes while step 6's rows are read (prefetched during step 5); the step it stops after depends on
+    # when the main thread handles it (after the step in flight, later under load)
+    assert 5 <= step <= 8 and [s for s, _ in checkpoint.list_checkpoints(ck)] == [4, step]
     whole = run_cli(*common, env={"XBRIDGE_TEST_FAULT": "off"})
     restarted = run_cli(*common, "--checkpoint-dir", str(tmp_path / "again"), "--checkpoint-every", "4",
                         "--max-restarts", "1", env={**fault, "XBRIDGE_TEST_FAULT": "once"})
     assert whole.returncode == 0 and restarted.returncode == 0, restarted.stderr[-3000:]
     got = json.loads(restarted.stdout)
     assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in json.loads(whole.stdout)["steps"]]
-    assert [(r["status"], r["from_step"]) for r in got["restarts"]] == [("was terminated by SIGTERM", step)]
+    (restart,) = got["restarts"]
+    assert restart["status"] == "was terminated by SIGTERM" and 5 <= restart["from_step"] <= 8, restart
 
 
 def test_a_killed_process_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_path):
@@ -87,7 +90,7 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint_bit_for_bit(tmp_p
     assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in want["steps"]]      # bit for bit
     (restart,) = got["restarts"]
     assert restart["status"] == "was terminated by SIGTERM" and restart["process"] is None, restart
-    assert restart["from_step"] in (5, 6) and restart["steps_redone"] == 0, restart
+    assert 5 <= restart["from_step"] <= 8 and restart["steps_redone"] == 0, restart
     assert f"terminated by SIGTERM after step {restart['from_step']} of 12" in termed.stderr, termed.stderr[-3000:]
 
 

@@ -37,12 +37,17 @@ def _feature_dropout(dims: int) -> Callable[..., torch.Tensor]:
     return run
 
 
+# torch's own: while a compiled loss runs, F.scaled_dot_product_attention is xbridge's forwarder to _sdpa itself
+# (portable_rng.factories), which a call without dropout must not reach again
+_TORCH_SDPA = F.scaled_dot_product_attention
+
+
 def _sdpa(mode: PortableRandom, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
           attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
           scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     if dropout_p == 0.0:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
-                                              scale=scale, enable_gqa=enable_gqa)
+        return _TORCH_SDPA(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                           enable_gqa=enable_gqa)
     return mode.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
