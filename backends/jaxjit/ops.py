@@ -20,9 +20,8 @@
   they are ``aten::convolution``, which torchax lowers and the autocast policy casts, as torch does (``"same"``
   and ``"valid"`` padding as torch computes them).
 - ``aten::_embedding_bag`` (``nn.EmbeddingBag``, ``F.embedding_bag``), replacing torchax's, which reads the bags'
-  offsets as numpy and fails on a traced array (every EmbeddingBag did: torch makes the offsets of a 2-D input
-  itself): each index's bag is found with ``searchsorted`` and the bags are segment sums, means or maxima, with
-  ``per_sample_weights``, ``padding_idx`` and ``include_last_offset`` as torch has them (an empty bag is zeros).
+  offsets as numpy and fails on a traced array: xbridge/torch/embedding_bag.py's static-shape form, which torchax
+  lowers operator by operator.
 Tests: tests/test_jax_backend.py compares each case with torch on the CPU, forward and backward; the model zoo
 (tests/test_model_zoo.py) trains BatchNorm models and compares the buffers.
 """
@@ -37,6 +36,7 @@ import torch
 
 from xbridge.errors import LoweringError
 from xbridge.torch.batch_norm import batch_norm, batch_norm_no_training
+from xbridge.torch.embedding_bag import embedding_bag
 
 if TYPE_CHECKING:
     from xbridge.torch.op_census import OpUse
@@ -65,39 +65,6 @@ def grouped_mm(a: jax.Array, b: jax.Array, offs: jax.Array | None = None, bias: 
         raise LoweringError(f"torch._grouped_mm of shapes {tuple(a.shape)} x {tuple(b.shape)} with offs has no "
                             "lowering on the jax backend (2-D x 3-D and 2-D x 2-D do)")
     return out if out_dtype is None else out.astype(mappings.t2j_dtype(out_dtype))
-
-
-def embedding_bag(weight: jax.Array, indices: jax.Array, offsets: jax.Array, scale_grad_by_freq: bool = False,
-                  mode: int = 0, sparse: bool = False, per_sample_weights: jax.Array | None = None,
-                  include_last_offset: bool = False, padding_idx: int = -1) -> tuple[jax.Array, ...]:
-    """torch's ``_embedding_bag`` (mode 0 sum, 1 mean, 2 max): (output, offset2bag, bag_size, max_indices)."""
-    if scale_grad_by_freq:
-        raise LoweringError("nn.EmbeddingBag(scale_grad_by_freq=True) has no lowering on the jax backend; leave it "
-                            "off or run on eager or inductor")
-    count = indices.shape[0]
-    starts = offsets[:-1] if include_last_offset else offsets
-    bags = starts.shape[0]
-    bag = (jnp.searchsorted(starts, jnp.arange(count), side="right") - 1).astype(jnp.int32)
-    kept = jnp.ones((count,), bool) if padding_idx < 0 else indices != padding_idx
-    rows = jnp.take(weight, indices, axis=0)
-    if per_sample_weights is not None:
-        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
-    sizes = jax.ops.segment_sum(kept.astype(jnp.int32), bag, num_segments=bags)
-    if mode == 2:
-        out = jax.ops.segment_max(jnp.where(kept[:, None], rows, -jnp.inf), bag, num_segments=bags)
-        out = jnp.where(sizes[:, None] > 0, out, 0).astype(rows.dtype)
-        return out, bag, sizes, jnp.zeros(out.shape, jnp.int32)
-    out = jax.ops.segment_sum(jnp.where(kept[:, None], rows, 0), bag, num_segments=bags)
-    if mode == 1:
-        out = out / jnp.maximum(sizes, 1)[:, None].astype(out.dtype)
-    return out, bag, sizes, jnp.zeros((bags,), jnp.int32)
-
-
-def jax_replacements() -> list[tuple[Any, Any]]:
-    """(aten operator packet, JAX function) pairs that replace torchax's own lowerings, the default overload
-    included."""
-    aten = torch.ops.aten
-    return [(aten._embedding_bag, embedding_bag), (aten._embedding_bag_forward_only, embedding_bag)]
 
 
 def jax_lowerings() -> list[tuple[Any, Any]]:
@@ -138,7 +105,8 @@ def torch_replacements() -> list[tuple[Any, Any]]:
     overload included; the functions mutate their arguments, as the aten schema says."""
     aten = torch.ops.aten
     return [(aten.native_batch_norm, batch_norm), (aten._native_batch_norm_legit, batch_norm),
-            (aten._native_batch_norm_legit_no_training, batch_norm_no_training)]
+            (aten._native_batch_norm_legit_no_training, batch_norm_no_training),
+            (aten._embedding_bag, embedding_bag), (aten._embedding_bag_forward_only, embedding_bag)]
 
 
 def register() -> None:
@@ -160,8 +128,7 @@ def support(uses: list[OpUse]) -> dict[str, str]:
 
     from xbridge.torch.op_census import function_name, resolve
 
-    ours = ({op for op, _ in jax_lowerings()} | {packet for packet, _ in torch_replacements()}
-            | {packet for packet, _ in jax_replacements()})
+    ours = {op for op, _ in jax_lowerings()} | {packet for packet, _ in torch_replacements()}
     whole = {function_name(func) for func in ops_registry.all_torch_functions}
     out = {}
     for use in uses:

@@ -111,11 +111,6 @@ def _install(patches: PatchSet) -> None:
         for key in (packet, packet.default):
             patches.record_item(env._ops, key)
             env.override_op_definition(key, impl)
-    for packet, impl in ops.jax_replacements():
-        for key in (packet, packet.default):
-            patches.set_item(env._ops, key, ops_registry.Operator(key, impl, is_jax_function=True,
-                                                                  is_user_defined=True, needs_env=False,
-                                                                  is_view_op=False))
     for function, impl in ops.torch_functions():
         patches.record_item(env._ops, function)
         env.override_op_definition(function, impl)

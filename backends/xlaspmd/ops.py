@@ -16,10 +16,8 @@ program is lowered (``torch.library``, dispatch key ``XLA``: only XLA tensors ta
   whose kernel takes floating input only. Here it is a one-hot count, the same static shape for any input.
 
 - ``aten::_embedding_bag`` (``nn.EmbeddingBag``): torch_xla has no kernel and runs it on the CPU, which the one-graph
-  step cannot stop for. Here each index's bag is found by comparing its position with the bags' offsets (one static
-  shape, however the bags fall) and the bags are a one-hot product (sum, mean) or a masked maximum, with
-  ``per_sample_weights``, ``padding_idx`` and ``include_last_offset`` as torch has them (an empty bag is zeros); at
-  the autograd key, so autograd differentiates these operators.
+  step cannot stop for; xbridge/torch/embedding_bag.py's static-shape form, at the autograd key, so autograd
+  differentiates its operators.
 
 - torch.autocast's CPU policy at ``AutocastXLA`` where torch_xla's own list differs (backends/xlaspmd/autocast.py).
 
@@ -36,6 +34,7 @@ import torch
 from xbridge.errors import LoweringError
 from xbridge.torch import matmul_census
 from xbridge.torch.batch_norm import batch_norm
+from xbridge.torch.embedding_bag import embedding_bag
 
 from . import autocast
 
@@ -88,37 +87,6 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
     inside = ((values >= low) & (values <= high)).to(torch.float32)
     counts = (torch.nn.functional.one_hot(index, bins).to(torch.float32) * inside[:, None]).sum(dim=0)
     return counts.to(x.dtype)
-
-
-def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                  scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
-                  per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
-                  padding_idx: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """torch's ``_embedding_bag`` (mode 0 sum, 1 mean, 2 max): (output, offset2bag, bag_size, max_indices)."""
-    if scale_grad_by_freq:
-        raise LoweringError("nn.EmbeddingBag(scale_grad_by_freq=True) has no lowering on the xla backend; leave it "
-                            "off or run on eager or inductor")
-    count = indices.shape[0]
-    ends = offsets[1:] if include_last_offset else torch.cat([offsets[1:], offsets.new_full((1,), count)])
-    starts = offsets[:-1] if include_last_offset else offsets
-    position = torch.arange(count, device=indices.device)
-    member = (position[:, None] >= starts[None, :]) & (position[:, None] < ends[None, :])     # (indices, bags)
-    if padding_idx >= 0:
-        member = member & (indices != padding_idx)[:, None]
-    rows = torch.nn.functional.embedding(indices, weight)
-    if per_sample_weights is not None:
-        rows = rows * per_sample_weights[:, None].to(rows.dtype)
-    sizes = member.sum(dim=0)
-    bags = torch.arange(starts.shape[0], device=indices.device)
-    offset2bag = (member.to(torch.int64) * bags[None, :]).sum(dim=1)
-    if mode == 2:
-        masked = torch.where(member.t()[:, :, None], rows[None, :, :], rows.new_tensor(float("-inf")))
-        out = torch.where(sizes[:, None] > 0, masked.amax(dim=1), rows.new_zeros(()))
-        return out, offset2bag, sizes, torch.zeros_like(out, dtype=torch.int64)
-    out = member.t().to(rows.dtype) @ rows
-    if mode == 1:
-        out = out / sizes.clamp(min=1)[:, None].to(out.dtype)
-    return out, offset2bag, sizes, torch.zeros_like(sizes)
 
 
 def register() -> None:
