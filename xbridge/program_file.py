@@ -7,6 +7,7 @@ path with SHA-256, never with ``hash()`` (salted per process): compilers put the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -63,19 +64,25 @@ def stack_failure(exc: BaseException) -> bool:
     return bool(frames) and not _is_user(frames[-1].f_code.co_filename)
 
 
-def _is_user(filename: str) -> bool:
-    """A file outside xbridge, its backends, the standard library and installed packages."""
+@functools.cache
+def _not_users() -> tuple[Path, ...]:
+    """xbridge, its backends, the standard library and the installed packages (found once per process)."""
     import sysconfig
 
-    if filename.startswith("<"):
-        return False
-    here = Path(__file__).resolve().parent
-    outside = [Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found = [Path(__file__).resolve().parent]
+    found += [Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
     spec = importlib.util.find_spec("xbridge.backends")
     if spec is not None and spec.origin:
-        outside.append(Path(spec.origin).resolve().parent)
+        found.append(Path(spec.origin).resolve().parent)
+    return tuple(found)
+
+
+def _is_user(filename: str) -> bool:
+    """A file outside xbridge, its backends, the standard library and installed packages."""
+    if filename.startswith("<"):
+        return False
     path = Path(filename).resolve()
-    return not path.is_relative_to(here) and not any(path.is_relative_to(o) for o in outside)
+    return not any(path.is_relative_to(folder) for folder in _not_users())
 
 
 def user_frame(exc: BaseException) -> tuple[traceback.FrameSummary, str] | None:
