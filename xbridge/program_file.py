@@ -98,6 +98,24 @@ def user_frame(exc: BaseException) -> tuple[traceback.FrameSummary, str] | None:
     return summaries[mine[-1]], _role(frames[mine[0]].f_code)
 
 
+def failure_line(exc: BaseException) -> tuple[str, int] | None:
+    """The CLI's line for an exception raised in the user's code, and its exit code: the user's own mistake (2),
+    or a compiler stack failing on the user's code (1, :func:`stack_failure`). None when it never reached the
+    user's code."""
+    found = user_frame(exc)
+    if found is None:
+        return None
+    where, role = found
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if stack_failure(exc):
+        return (f"{type(exc).__name__} inside {type(exc).__module__.partition('.')[0]} while it ran the program's "
+                f"{role} at {where.filename}:{where.lineno} (in {where.name}): {message}; the compiler stack failed, "
+                "not the program: run it on another backend (xbridge check names one) or report it "
+                "(XBRIDGE_DEBUG=1 shows the traceback)"), 1
+    return (f"{type(exc).__name__}{': ' + message if message else ''} raised in the program's {role} at "
+            f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback"), 2
+
+
 def _role(code: object) -> str:
     """What part of a loaded program ``code`` (a function's code object) is."""
     def code_of(fn: object) -> object:

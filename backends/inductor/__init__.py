@@ -57,6 +57,14 @@ class InductorBackend(TorchDeviceBackend, StepChecks):
                  for use in census.host_values()]
         found += [Finding("slow", use.name, use.at, "gives a shape that depends on the values: Dynamo breaks the "
                           "graph there") for use in census.data_dependent()]
+        # Dynamo replays a float drawn from Python's `random` into the compiled graph as a float64 buffer read as
+        # float32 (pytorch/pytorch#198187, open; torch 2.9 and 2.14 measured: x * random.uniform(0.5, 1.5) gave
+        # 8.2e36): the step trains on garbage without an error
+        found += [Finding("fails", read["what"], read["where"] or "(forward)", "Dynamo hands a float drawn from "
+                          "Python's `random` to the compiled step as garbage (pytorch/pytorch#198187: a float64 read "
+                          "as float32); draw with torch instead (torch.rand: the same bits on every stack under --rng "
+                          "portable)")
+                  for read in census.host_reads if read["kind"] == "draw" and "(random)" in read["what"]]
         return found
 
     def device_count(self, device: str) -> int | None:

@@ -53,9 +53,25 @@ def _backend(target: str) -> tuple[str, Backend | str]:
     return str(parsed), loaded.backend
 
 
-def _common(program: Program, backend_name: str, draws: list[dict]) -> list[Finding]:
-    """Findings every stack shares: random draws under --rng."""
-    found = []
+# Host state a forward reads (xbridge/torch/host_state.py), on a stack that runs the forward's Python at every step
+_HOST_READ = {
+    "draw": "draws from the host's global generator, which xbridge does not seed for training and which other code "
+            "draws from too (the thread that loads the next batch, a compiler): {backend}'s numbers differ from "
+            "eager's and parity fails; draw with torch instead (torch.rand: the same bits on every stack under --rng "
+            "portable)",
+    "data": "batches are loaded a step ahead, in a thread, so which step's value a forward sees depends on the "
+            "stack's timing and parity fails; pass the value in the batch",
+}
+
+
+def _common(program: Program, backend_name: str, draws: list[dict], reads: list[dict], stack: list[Finding],
+            ) -> list[Finding]:
+    """Findings every stack shares: random draws under --rng, host state the forward reads (what the stack has
+    not said already: JAX refuses it)."""
+    said = {f.what for f in stack}
+    found = [Finding("differs", read["what"], read["where"] or "(forward)",
+                     _HOST_READ[read["kind"]].format(backend=backend_name))
+             for read in reads if read["kind"] in _HOST_READ and backend_name != "eager" and read["what"] not in said]
     for draw in draws:
         what, where = f"random draw {draw['op']}", draw["module"]
         if program.step.rng == "portable" and not draw["portable"]:
@@ -90,7 +106,7 @@ def target_findings(program: Program, target: str, backend: Backend, found: Cens
     else:
         findings.append(Finding("note", "operators", "-", f"backend {backend_name!r} does not say how it carries "
                                 "operators (no StepChecks)"))
-    findings += _common(program, backend_name, found.draws)
+    findings += _common(program, backend_name, found.draws, found.host_reads, findings)
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity)), counts
 
 

@@ -155,22 +155,12 @@ def _main(argv: list[str] | None) -> None:
             sys.exit(1)
         if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:    # disk full, quota, I/O: wherever raised
             _resource_error(exc)
-        from ..program_file import stack_failure, user_frame
+        from ..program_file import failure_line
 
-        found = user_frame(exc)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if found is not None and stack_failure(exc):     # the stack failed on the user's code: exit 1
-            where, role = found
-            _error(f"{type(exc).__name__} inside {type(exc).__module__.partition('.')[0]} while it ran the program's "
-                   f"{role} at {where.filename}:{where.lineno} (in {where.name}): {message}; the compiler stack "
-                   "failed, not the program: run it on another backend (xbridge check names one) or report it "
-                   "(XBRIDGE_DEBUG=1 shows the traceback)")
-            sys.exit(1)
-        if found is not None:      # the user's program raised (its model, loss or data): bad input, exit 2
-            where, role = found
-            _error(f"{type(exc).__name__}{': ' + message if message else ''} raised in the program's {role} at "
-                   f"{where.filename}:{where.lineno} (in {where.name}); XBRIDGE_DEBUG=1 shows the traceback")
-            sys.exit(2)
+        located = failure_line(exc)
+        if located is not None:     # the user's program raised (exit 2), or the stack failed on its code (exit 1)
+            _error(located[0])
+            sys.exit(located[1])
         if isinstance(exc, OSError) and exc.strerror:
             _resource_error(exc)
         _error(f"{type(exc).__name__}: {exc} (XBRIDGE_DEBUG=1 shows the traceback)")

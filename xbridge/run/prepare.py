@@ -11,6 +11,7 @@ import numpy as np
 from .. import processes
 from ..contract import Backend, Executable, Target, registry
 from ..contract.capabilities import MultiProcess, probes, reads_slices
+from ..contract.checks import StepChecks
 from ..data.source import checked_batch
 from ..errors import BackendUnavailable, ConfigError, ProgramError
 from ..ir.program import Program
@@ -19,6 +20,7 @@ from ..planner import plan as make_plan
 from .rng import with_rng
 
 if TYPE_CHECKING:
+    from ..torch.op_census import Census
     from .loop import RunOptions
 
 
@@ -53,14 +55,15 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     # An unsharded backend runs the program on one device: same axis names, every axis of size 1.
     planned = program if backend.sharded else program.replace(mesh=program.mesh.collapsed())
     plan = make_plan(planned, options.devices)
-    from ..torch.loss_check import check_loss
+    from .. import forked
+    from ..check.before_run import checked_step, refuse_what_fails
 
-    calls = check_loss(program)   # before any compile
+    # before any compile, in a forked copy of this process: the loss is then called once per step (forked.py)
+    nothing: tuple[int | None, Census | None] = (None, None)
+    calls, found = forked.call(checked_step, program, isinstance(backend, StepChecks), fallback=nothing)
     backend.configure(target.device, options.devices, options.dump)
-    from ..check.before_run import refuse_what_fails
-
     # after configure: a stack's tables may load the framework (torch_xla reads its settings once, when it loads)
-    refuse_what_fails(program, target, backend, backend_options)
+    refuse_what_fails(program, target, backend, backend_options, found)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
         from ..weights import initial_weights  # the reference builds the weights once

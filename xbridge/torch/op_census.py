@@ -26,6 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from xbridge.ir.program import Program
 
+from . import host_state
+
 __all__ = ["Census", "OpUse", "census", "function_name", "op_name"]
 
 # Operators whose result is a host value (the step waits for the device, and a traced step cannot have it).
@@ -87,6 +89,8 @@ class Census:
     draws: list[dict[str, Any]]                   # random draws: module, op, portable (carried by --rng portable)
     mutated_inputs: list[str]                     # batch keys the forward changed in place
     masks: dict[str, OpUse] = dataclasses.field(default_factory=dict)   # boolean-mask indexing, by operator
+    host_reads: list[dict[str, str]] = dataclasses.field(default_factory=list)  # host state the forward reads:
+                                                  # kind (draw, value), what, where (xbridge/torch/host_state.py)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -112,12 +116,22 @@ class Census:
 def _caller() -> str:
     """file:line of the innermost frame outside torch, xbridge and the standard library: the program's (or its
     model library's) own code."""
-    frame = sys._getframe(2)
+    return user_line(sys._getframe(2))
+
+
+def _traced_file(path: str) -> bool:
+    """A file outside torch, xbridge and the standard library: the program's (or its model library's)."""
+    return not path.startswith(_HERE) and not path.startswith("<")
+
+
+def user_line(frame: Any) -> str:
+    """file:line of the innermost frame from ``frame`` outwards that is outside torch, xbridge and the standard
+    library."""
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_HERE) and not path.startswith("<"):
             return f"{path}:{frame.f_lineno}"
-        frame = frame.f_back     # type: ignore[assignment]
+        frame = frame.f_back
     return ""
 
 
@@ -138,7 +152,8 @@ class _Outermost(TorchFunctionMode):
 
 
 class _Ops(TorchDispatchMode):
-    def __init__(self, where: list[str], outermost: _Outermost, draws: Any) -> None:
+    def __init__(self, where: list[str], outermost: _Outermost, draws: Any, on_meta: bool,
+                 locate: int | None = None) -> None:
         super().__init__()
         self.where = where
         self.outermost = outermost
@@ -146,6 +161,12 @@ class _Ops(TorchDispatchMode):
         self.ops: dict[str, OpUse] = {}
         self.masks: dict[str, OpUse] = {}        # indexing with a boolean mask: a data-dependent shape
         self.backward = False
+        self.on_meta = on_meta
+        self.signature: host_state.Signature = []    # the forward's calls with their Python numbers
+        self.moved: list[str] = []               # the host generators the forward drew from
+        self.locate = locate                     # the index of the forward call whose program line is wanted
+        self.located = ""
+        self.states: tuple[Any, Any] = ((), ())   # the host generators' states before the forward
 
     def _note(self, table: dict[str, OpUse], name: str) -> None:
         use = table.get(name)
@@ -167,6 +188,10 @@ class _Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = op_name(func)
         self._note(self.ops, name)
+        if not self.backward:
+            if len(self.signature) == self.locate:
+                self.located = _caller()
+            self.signature.append((name, host_state.scalars_of(args, kwargs, self.on_meta)))
         if name == _MASK_READ and any(isinstance(index, torch.Tensor) and index.dtype == torch.bool
                                       for index in (args[1] if len(args) > 1 else ()) or ()):
             self._note(self.masks, f"boolean mask ({name})")     # the kernel finds the rows itself (nonzero)
@@ -198,7 +223,7 @@ def _functions(loss: torch.Tensor) -> list[dict[str, str]]:
 
 
 def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor], backward: bool,
-         ) -> tuple[_Ops, list[dict[str, str]], list[str], list[dict[str, Any]]]:
+         locate: int | None = None) -> tuple[_Ops, list[dict[str, str]], list[str], list[dict[str, Any]]]:
     from .portable_rng import draw_recorder
     from .train import loss_parts, per_item
 
@@ -215,12 +240,15 @@ def _run(program: Program, model: torch.nn.Module, batch: dict[str, torch.Tensor
     versions = {key: value._version for key, value in batch.items()}
     outermost = _Outermost()
     draws = draw_recorder(where)
-    recorder = _Ops(where, outermost, draws)
+    recorder = _Ops(where, outermost, draws, next(iter(batch.values())).device.type == "meta", locate)
+    torch.manual_seed(program.seed)      # every pass draws the same (torch's generator is not host state)
+    recorder.states = host_state.generator_states()
     try:
         # the forward alone needs no autograd graph (a model run on the CPU would hold its activations for nothing)
         with draws, outermost, recorder, torch.set_grad_enabled(backward):
             value, count = loss_parts(program.loss(model, batch), program)
             loss = value if count is None else per_item(value, count)
+        recorder.moved = host_state.generators_moved(recorder.states)
         mutated = [key for key, value in batch.items() if value._version != versions[key]]
         functions = _functions(loss) if loss.requires_grad else []
         recorder.backward = True
@@ -245,19 +273,79 @@ def census(program: Program, batch: dict[str, np.ndarray], backward: bool = True
     from .train import batch_to_torch, build_model
 
     failure = None
-    try:
-        from .loss_check import meta_batch
+    with torch.random.fork_rng(devices=[]):
+        try:
+            from .loss_check import meta_batch
 
-        # floating data in the params dtype, as the backends place it (float64 arrays met an fp32 model's matmul)
-        ops, functions, mutated, draws = _run(program, meta_model(program), meta_batch(program, batch), backward)
-        device = "meta"
-    except Exception as exc:    # an operator that needs values: once more, on the CPU
-        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-        model = build_model(program, initial_weights(program), torch.device("cpu"))
-        tensors = batch_to_torch(batch, torch.device("cpu"), program.precision)
-        ops, functions, mutated, draws = _run(program, model, tensors, backward)
-        device = "cpu"
-    return Census(device, failure, ops.ops, functions, draws, mutated, ops.masks)
+            # floating data in the params dtype, as the backends place it (float64 arrays met an fp32 model's matmul)
+            model, tensors = meta_model(program), meta_batch(program, batch)
+            saved = _saved(model, tensors)
+            ops, functions, mutated, draws = _run(program, model, tensors, backward)
+            device = "meta"
+        except Exception as exc:    # an operator that needs values: once more, on the CPU
+            failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            model = build_model(program, initial_weights(program), torch.device("cpu"))
+            tensors = batch_to_torch(batch, torch.device("cpu"), program.precision)
+            saved = _saved(model, tensors)
+            ops, functions, mutated, draws = _run(program, model, tensors, backward)
+            device = "cpu"
+        reads = _host_reads(program, model, tensors, ops, backward, saved)
+    return Census(device, failure, ops.ops, functions, draws, mutated, ops.masks, reads)
+
+
+def _saved(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The model's parameters and buffers and the batch, each with a copy, to run a forward again from them."""
+    return [(value, value.detach().clone()) for value in (*model.parameters(), *model.buffers(), *tensors.values())]
+
+
+def _host_reads(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Tensor], first: _Ops,
+                backward: bool, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> list[dict[str, str]]:
+    """The host state the forward reads (xbridge/torch/host_state.py): the global generators it drew from (kind
+    ``draw``); then a second forward on the same batch, from the same weights and generators, whose operators must
+    receive the same Python numbers (else: ``value``, state the loss keeps itself), and a third after the data
+    source read batch 1 (else: ``data``, a global the source sets for the step it reads)."""
+    from xbridge.data.source import checked_batch
+
+    def _run_again(restored: bool = False, **kwargs: Any) -> _Ops:    # from the first forward's weights, batch
+        if not restored:                                                  # and generators
+            _restore_all()
+        return _run(program, model, tensors, backward, **kwargs)[0]
+
+    def _restore_all() -> None:
+        with torch.no_grad():
+            for value, copy in saved:
+                value.copy_(copy)
+        _restore(first.states)
+
+    found = []
+    if first.moved:
+        _restore_all()
+        lines = host_state.locate_draw(lambda: _run_again(restored=True), _traced_file)
+        found = [{"kind": "draw", "what": f"a draw from {what}", "where": lines.get(what, "")}
+                 for what in first.moved]
+    second = _run_again()             # the loss's own state (a counter it keeps)
+    kind = "value"
+    if host_state.first_difference(first.signature, second.signature) is None:
+        try:
+            checked_batch(program.data, 1, program.seed)     # a global the data source sets for its step
+        except Exception:       # a source with one batch: nothing to read in between
+            return found
+        second, kind = _run_again(), "data"
+    index = host_state.first_difference(first.signature, second.signature)
+    if index is None:
+        return found
+    what = host_state.describe_difference(first.signature, second.signature, index)
+    if kind == "data":
+        what += " after the data source read the next batch"
+    where = _run_again(locate=index).located
+    return found + [{"kind": kind, "what": what, "where": where}]
+
+
+def _restore(states: tuple[Any, Any]) -> None:
+    import random
+
+    np.random.set_state(states[0])
+    random.setstate(states[1])
 
 
 def resolve(name: str) -> Any:
