@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,21 @@ def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
             for value in event.summary.value:
                 out.setdefault(value.tag, []).append((event.step, value.simple_value))
     return out
+
+
+# What parity finds for a target, by what ``xbridge check`` said of it before (issue 55, item 8: check and parity
+# agree): a construct check says fails is refused before compute (no result), one that differs trains with other
+# numbers (FAIL), anything else passes.
+PARITY_BY_CHECK = {"runs": "pass", "runs-slow": "pass", "differs": "FAIL", "fails": "error"}
+
+
+def assert_check_agrees(program: str, record: dict, *options: str) -> None:
+    """``xbridge check PROGRAM`` (with the ``options`` the parity run had: --rng, --precision, --devices) over the
+    targets of a parity ``record`` (parity.json): each target's verdict there is the one check's verdict predicts."""
+    targets = [row["target"] for row in record["targets"]]
+    proc = run_cli("check", program, "--backends", ",".join(targets), "--format", "json", *options)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = {row["target"]: row for row in json.loads(proc.stdout)["targets"]}
+    found = {row["target"]: row["verdict"] for row in record["targets"]}
+    expected = {target: PARITY_BY_CHECK[said[target]["verdict"]] for target in targets}
+    assert found == expected, {t: said[t]["summary"] for t in targets if found[t] != expected[t]}

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import FIXTURES, run_cli, xbridge_here
+from helpers import FIXTURES, assert_check_agrees, run_cli, xbridge_here
 
 FNO = str(FIXTURES / "fno.py")
 
@@ -49,7 +49,8 @@ def test_an_fno_with_complex_weights_passes_parity_and_xla_refuses_it_before_com
     xla = rows["xla-cpu"]
     assert xla["verdict"] == "error" and "aten::_fft_r2c in conv0 (" in xla["error"], xla
     assert proc.returncode == 1
-    # check says the same before any run
+    assert_check_agrees(FNO, record)
+    # check says the same before any run, and why
     checked = xbridge_here("check", FNO, "--backends", "jax-cpu,xla-cpu", "--format", "json")
     verdicts = {v["target"]: v for v in json.loads(checked.stdout)["targets"]}
     assert verdicts["jax-cpu"]["verdict"] == "runs", verdicts["jax-cpu"]

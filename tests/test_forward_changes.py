@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import FIXTURES, error_line, run_cli
+from helpers import FIXTURES, assert_check_agrees, error_line, run_cli
 
 CLAMPED = str(FIXTURES / "clamped_scale.py")
 
@@ -61,6 +61,7 @@ def test_a_clamped_scale_and_a_no_grad_target_pass_parity_on_every_backend(tmp_p
     failed = [(r["target"], r.get("error"), r.get("max_loss_dev"), r.get("max_param_dev_at"))
               for r in record["targets"] if r["verdict"] != "pass"]
     assert not failed and proc.returncode == 0, failed
+    assert_check_agrees(CLAMPED, record)
 
 
 @pytest.mark.slow   # runs in their own processes (2 devices)

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import FIXTURES, error_line, run_cli
+from helpers import FIXTURES, assert_check_agrees, error_line, run_cli
 
 HOST = str(FIXTURES / "host_state.py")
 
@@ -32,7 +32,7 @@ def _verdicts(name: str) -> tuple[dict[str, str], dict[str, list[dict]]]:
     ("plain", {"eager-cpu": "runs", "inductor-cpu": "runs", "jax-cpu": "runs"}, None, None),
     ("counter", {"eager-cpu": "runs", "inductor-cpu": "runs", "jax-cpu": "fails"}, 50,
      "a Python value that changes from call to call (0, then 1, in aten::add.Tensor)"),
-    ("numpy_noise", {"eager-cpu": "runs", "inductor-cpu": "differs", "jax-cpu": "fails"}, 37,
+    ("numpy_noise", {"eager-cpu": "runs", "inductor-cpu": "runs", "jax-cpu": "fails"}, 37,
      "a draw from numpy's global generator (np.random)"),
     ("python_noise", {"eager-cpu": "runs", "inductor-cpu": "fails", "jax-cpu": "fails"}, 39,
      "a draw from Python's global generator (random)"),
@@ -47,11 +47,12 @@ def test_check_finds_host_state_with_its_line(name, expected, line, what):
         assert not any(findings.values()), findings
         return
     for target in ("inductor-cpu", "jax-cpu"):
-        if expected[target] == "runs":
-            continue
         found = [f for f in findings[target] if f["what"] == what]
+        if expected[target] == "runs" and name != "numpy_noise":     # (numpy's draws: a note, seeded)
+            assert not found, findings[target]
+            continue
         assert found and found[0]["where"].endswith(f"host_state.py:{line}"), findings[target]
-        assert found[0]["severity"] == expected[target]
+        assert found[0]["severity"] == ("note" if expected[target] == "runs" else expected[target])
 
 
 @pytest.mark.parametrize(("name", "target", "says"), [
@@ -67,16 +68,25 @@ def test_a_run_refuses_host_state_its_stack_would_bake_or_garble(tmp_path, name,
 
 
 @pytest.mark.slow
-def test_the_loss_is_called_once_per_step_and_a_counting_loss_passes_parity(tmp_path):
+def test_the_loss_is_called_once_per_step_and_check_agrees_with_parity(tmp_path):
     """counted_loss adds its call count to the loss: step s must be call s on the reference and on Inductor (the
-    checks before step 0 run in a forked child). Before: the reference's losses were cross-entropy + 2, 3, 4."""
-    proc = run_cli("parity", f"{HOST}:counter", "--backends", "inductor-cpu", "--steps", "3",
+    checks before step 0 run in a forked child; before: the reference's losses were cross-entropy + 2, 3, 4); jax
+    refuses it. numpy's global generator in the forward, seeded before step 0, draws eager's numbers on Inductor.
+    check said so of each before. (A global the data source sets is left out: which step's value a forward sees
+    is a race with the loading thread, on every stack.)"""
+    proc = run_cli("parity", f"{HOST}:counter", "--backends", "inductor-cpu,jax-cpu", "--steps", "3",
                    "--out", str(tmp_path / "parity"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
     record = json.loads((tmp_path / "parity" / "parity.json").read_text())
     losses = np.array(record["reference"]["losses"]) - np.arange(3)
     assert np.all((losses > 1.0) & (losses < 3.0)), record["reference"]["losses"]   # cross-entropy of 10 classes
-    assert [row["verdict"] for row in record["targets"]] == ["pass"]
+    assert [row["verdict"] for row in record["targets"]] == ["pass", "error"]
+    assert_check_agrees(f"{HOST}:counter", record)
+    proc = run_cli("parity", f"{HOST}:numpy_noise", "--backends", "inductor-cpu", "--steps", "3",
+                   "--out", str(tmp_path / "numpy"))
+    record = json.loads((tmp_path / "numpy" / "parity.json").read_text())
+    assert [row["verdict"] for row in record["targets"]] == ["pass"] and proc.returncode == 0
+    assert_check_agrees(f"{HOST}:numpy_noise", record)
 
 
 def test_a_user_error_in_the_loss_is_still_named_from_the_forked_check(tmp_path):

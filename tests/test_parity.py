@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, ROOT, one_error_line, run_cli
+from helpers import PROGRAMS, ROOT, assert_check_agrees, one_error_line, run_cli
 from xbridge.contract import registry
 from xbridge.environments import describe_all
 from xbridge.parity.record import ParityRecord
@@ -71,6 +71,8 @@ def test_parity_matrix(tmp_path, name, steps, precision, devices, targets):
     assert code == 0 and record["passed"]
     if precision != "fp32":
         assert record["reference_fp32"]["status"] == "ok"
+    if devices == 1:
+        assert_check_agrees(str(PROGRAMS / f"{name}.py"), record, "--precision", precision)
 
 
 @pytest.mark.parametrize("targets,precision", [pytest.param("inductor-cpu,xla-cpu,jax-cpu", "bf16-true", marks=pytest.mark.extended),
@@ -206,6 +208,7 @@ def test_embedding_bag_runs_and_matches_on_every_backend_and_check_agrees(tmp_pa
     code, record = parity(tmp_path, program, "--steps", "4", "--backends", ",".join(SHARDED_CPU_TARGETS))
     failed = [(r["target"], r.get("error"), r.get("max_loss_dev")) for r in record["targets"] if r["verdict"] != "pass"]
     assert code == 0 and not failed, failed
+    assert_check_agrees(program, record)
     checked = run_cli("check", program, "--backends", ",".join(SHARDED_CPU_TARGETS), "--format", "json")
     assert {t["target"]: t["verdict"] for t in json.loads(checked.stdout)["targets"]} == dict.fromkeys(
         SHARDED_CPU_TARGETS, "runs")

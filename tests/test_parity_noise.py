@@ -134,3 +134,30 @@ def test_the_fixture_passes_parity_in_fp32_where_the_key_bias_failed(tmp_path):
         assert row.check is not None and row.check.max_param_dev_at == "attn.k.bias"
         assert row.check.max_param_dev > TOL.param_rtol and row.check.param_note is not None
         assert row.check.param_note.startswith("true gradient ~0: key bias; within 4x")
+
+
+@pytest.mark.slow
+def test_a_chaotic_program_is_within_the_references_own_noise_and_a_wrong_stack_beyond_it(tmp_path):
+    """The noise floor (docs/parity.md): tests/fixtures/chaotic.py amplifies fp32 rounding, so Inductor parts from
+    eager beyond the fp32 bounds (until 2026-12-07: FAIL) and so does eager from itself one ulp apart: the verdict is
+    pass, within the reference's own noise. A stack that computes another program (its own dropout masks under
+    --rng native, tests/fixtures/dropout.py) is beyond it: FAIL, the floor named."""
+    chaotic = tmp_path / "chaotic"
+    proc = run_cli("parity", str(ROOT / "tests" / "fixtures" / "chaotic.py"), "--backends", "inductor-cpu",
+                   "--steps", "20", "--out", str(chaotic))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "within 4x the reference's own noise" in proc.stdout
+    row = json.loads((chaotic / "parity.json").read_text())["targets"][0]
+    floor = row["noise_floor"]
+    assert row["verdict"] == "pass" and floor["within"] is True
+    assert row["max_loss_dev"] > TOL.loss_rtol and floor["loss"] > TOL.loss_rtol    # beyond the bound, both
+    assert row["max_loss_dev"] <= policy.NOISE_FACTOR * floor["loss"]
+
+    wrong = tmp_path / "wrong"
+    proc = run_cli("parity", str(ROOT / "tests" / "fixtures" / "dropout.py"), "--backends", "inductor-cpu",
+                   "--rng", "native", "--steps", "4", "--out", str(wrong))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    row = json.loads((wrong / "parity.json").read_text())["targets"][0]
+    assert row["verdict"] == "FAIL" and row["noise_floor"]["within"] is False
+    assert row["max_loss_dev"] > 100 * row["noise_floor"]["loss"]
+    assert "FAIL beyond 4x the reference's own noise" in proc.stdout

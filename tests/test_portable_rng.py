@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import ROOT, one_error_line, run_cli, xbridge_here
+from helpers import ROOT, assert_check_agrees, one_error_line, run_cli, xbridge_here
 from xbridge.errors import ProgramError
 from xbridge.torch.portable_rng import PortableRandom, threefry2x32
 
@@ -502,6 +502,7 @@ def test_an_unmodified_transformer_encoder_with_its_dropout_passes_parity(tmp_pa
     failed = [(r["target"], r.get("error"), r.get("max_loss_dev"), r.get("first_failing_step"))
               for r in record["targets"] if r["verdict"] != "pass"]
     assert not failed and proc.returncode == 0, failed
+    assert_check_agrees(ENCODER, record, "--rng", "portable")
     checked = xbridge_here("check", ENCODER, "--backends", "jax-cpu", "--format", "json")
     draws = json.loads(checked.stdout)["draws"]
     assert {"module": "enc.layers.0.self_attn", "op": "scaled_dot_product_attention", "portable": True} in draws

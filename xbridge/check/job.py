@@ -53,14 +53,14 @@ def _backend(target: str) -> tuple[str, Backend | str]:
     return str(parsed), loaded.backend
 
 
-# Host state a forward reads (xbridge/torch/host_state.py), on a stack that runs the forward's Python at every step
+# Host state a forward reads (xbridge/torch/host_state.py), on a stack that runs the forward's Python at every step:
+# severity, why
 _HOST_READ = {
-    "draw": "draws from the host's global generator, which xbridge does not seed for training and which other code "
-            "draws from too (the thread that loads the next batch, a compiler): {backend}'s numbers differ from "
-            "eager's and parity fails; draw with torch instead (torch.rand: the same bits on every stack under --rng "
-            "portable)",
-    "data": "batches are loaded a step ahead, in a thread, so which step's value a forward sees depends on the "
-            "stack's timing and parity fails; pass the value in the batch",
+    "draw": ("note", "drawn at every step from the host's global generator, which xbridge seeds before step 0: the "
+                     "numbers eager draws, unless other code draws from it meanwhile (a data source using it in the "
+                     "thread that loads the next batch); torch.rand under --rng portable is the same on every stack"),
+    "data": ("differs", "batches are loaded a step ahead, in a thread, so which step's value a forward sees depends "
+                        "on the stack's timing and parity fails; pass the value in the batch"),
 }
 
 
@@ -69,8 +69,8 @@ def _common(program: Program, backend_name: str, draws: list[dict], reads: list[
     """Findings every stack shares: random draws under --rng, host state the forward reads (what the stack has
     not said already: JAX refuses it)."""
     said = {f.what for f in stack}
-    found = [Finding("differs", read["what"], read["where"] or "(forward)",
-                     _HOST_READ[read["kind"]].format(backend=backend_name))
+    found = [Finding(_HOST_READ[read["kind"]][0], read["what"], read["where"] or "(forward)",
+                     _HOST_READ[read["kind"]][1])
              for read in reads if read["kind"] in _HOST_READ and backend_name != "eager" and read["what"] not in said]
     for draw in draws:
         what, where = f"random draw {draw['op']}", draw["module"]

@@ -14,6 +14,7 @@ from ..compare.record import CompareRecord
 from ..compare.versions import describe as describe_pair
 from ..compare.versions import frameworks_text
 from ..environments import stack_text
+from ..parity.policy import NOISE_FACTOR
 from ..parity.record import ParityRecord
 from ..run.record import RunRecord
 
@@ -250,7 +251,9 @@ def print_parity(record: ParityRecord) -> None:
         if c is None:
             table.add_row(r.target, "[red]error[/]", escape(r.error_line), *[""] * (len(columns) - 3))
             continue
-        cells = [r.target, "[green]pass[/]" if r.verdict == "pass" else "[red]FAIL[/]",
+        within = c.noise_floor is not None and c.noise_floor.within
+        cells = [r.target, "[yellow]pass (within noise)[/]" if within else "[green]pass[/]" if r.verdict == "pass"
+                 else "[red]FAIL[/]",
                  f"{c.max_loss_dev:.2e} ({c.max_loss_dev_at})"
                  + (f", limit {c.loss_limit:.2g}" if c.loss_limit > tol.loss_rtol else ""),
                  "-" if c.first_failing_step is None else str(c.first_failing_step),
@@ -281,6 +284,14 @@ def print_parity(record: ParityRecord) -> None:
     if "frameworks" in columns:
         console.print(f"reference {record.reference.target}: {stack_text(record.reference.versions)}")
     for r in record.targets:
+        floor = r.check.noise_floor if r.check is not None else None
+        if floor is not None:
+            own = (f"the reference again from initial weights one ulp apart moves {floor.loss:.2e} ({floor.loss_at}) "
+                   f"in the loss and {floor.params:.2e} ({escape(floor.params_at)}) in the parameters")
+            console.print(f"{escape(r.target)}: within {NOISE_FACTOR:g}x the reference's own noise ({own}): this "
+                          "program amplifies fp32 rounding, so parity cannot tell this target from the reference"
+                          if floor.within else f"{escape(r.target)}: [red]FAIL[/] beyond {NOISE_FACTOR:g}x the "
+                          f"reference's own noise ({own})")
         if r.cause:
             console.print(f"{escape(r.target)}: [red]FAIL[/] because {escape(r.cause)}")
 

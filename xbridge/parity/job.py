@@ -37,6 +37,7 @@ from .record import (
     DivergentGradient,
     DivergentModule,
     Fp32Reference,
+    NoiseFloor,
     NoiseReference,
     ParityCheck,
     ParityRecord,
@@ -213,23 +214,39 @@ NOISE_RUN = "the reference again from initial weights one ulp apart"
 
 def quiet_noise(program_ref: str, program: Program, reference: str, options: ParityOptions, out: Path,
                 weights: dict[str, np.ndarray], progress: Callable[[str, str], None] | None = None,
-                ) -> tuple[policy.QuietNoise | None, NoiseReference]:
-    """fp32, when a target fails on its parameters alone: the reference's own noise on the elements with no true
-    gradient (xbridge/parity/noise.py): one more reference run, from initial weights one ulp apart, and step 0's
-    gradient in this process. None (nothing lent) when either cannot be had."""
+                ) -> tuple[policy.QuietNoise | None, NoiseReference, TargetOutcome | None]:
+    """fp32, when a target fails: the reference's own noise. One more reference run, from initial weights one ulp
+    apart (returned when it finished: the noise floor every failing target is held against), and step 0's gradient
+    in this process for the elements with no true gradient (xbridge/parity/noise.py; None when it cannot be had)."""
     shifted = write_npz(out / "initial_weights_ulp.npz", quiet.ulp_weights(weights))
     run = _run(program_ref, reference, options, out, shifted, options.precision, "reference-noise")
     if progress:
         progress(f"{reference} (own noise)", run.run.status)
+    finished = run if run.run.result is not None and run.state is not None else None
     try:
         masks = quiet.quiet_elements(program, weights)
     except Exception as exc:  # an explanation only: a model it cannot run keeps the bounds as they are
-        return None, NoiseReference(NOISE_RUN, run.run.status, {}, f"step 0's gradient: {exc}".splitlines()[0])
+        return None, NoiseReference(NOISE_RUN, run.run.status, {}, f"step 0's gradient: {exc}".splitlines()[0]), \
+            finished
     kinds = {name: quiet.kind(name, mask) for name, mask in masks.items()}
     found = {name: kinds[name] or f"{int(mask.sum())} of {mask.size} elements" for name, mask in masks.items()}
-    if run.state is None:
-        return None, NoiseReference(NOISE_RUN, run.run.status, found, (run.run.error or "").splitlines()[0] or None)
-    return policy.QuietNoise(run.state, masks, kinds), NoiseReference(NOISE_RUN, run.run.status, found)
+    if finished is None:
+        return None, NoiseReference(NOISE_RUN, run.run.status, found,
+                                    (run.run.error or "").splitlines()[0] or None), None
+    assert finished.state is not None
+    return policy.QuietNoise(finished.state, masks, kinds), NoiseReference(NOISE_RUN, run.run.status, found), finished
+
+
+def noise_floor(ref: TargetOutcome, row: TargetOutcome, tol: policy.Tolerance, own: TargetOutcome,
+                noise: policy.QuietNoise | None) -> tuple[Judged, NoiseFloor]:
+    """A target beyond the bounds, judged again against the reference's own noise (``own``: the reference from
+    initial weights one ulp apart): each deviation within NOISE_FACTOR x the reference's own (policy.py)."""
+    judged = _judge(ref, row, tol, own, noise)
+    loss = policy.loss_deviation(ref.losses, own.losses, tol)
+    assert ref.state is not None and own.state is not None
+    params = policy.tensor_deviations(ref.state, own.state)
+    worst = max(params, key=lambda name: params[name], default="")
+    return judged, NoiseFloor(judged.ok, loss.value, loss.where, params.get(worst, 0.0), worst)
 
 
 def parity(program_ref: str, program: Program, options: ParityOptions, out: Path,
@@ -269,8 +286,10 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     ok32 = fp32 if fp32 is not None and fp32.run.result is not None and fp32.state is not None else None
     noise: policy.QuietNoise | None = None
     noise_record: NoiseReference | None = None
-    if fp32 is None and any(_judge(ref, finished[t], tol, None, None).params_alone for t in targets):
-        noise, noise_record = quiet_noise(program_ref, program, reference, options, out, weights, progress)
+    own: TargetOutcome | None = None
+    if fp32 is None and any(not _judge(ref, finished[t], tol, None, None).ok for t in targets
+                            if finished[t].run.result is not None and finished[t].state is not None):
+        noise, noise_record, own = quiet_noise(program_ref, program, reference, options, out, weights, progress)
     rows = []
     checked: dict[str, str | None] = {}
     for target in targets:
@@ -279,6 +298,9 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
             entry = ParityRow(target, row.run.status, row.run.devices, "error", error=row.run.error)
         else:
             judged = _judge(ref, row, tol, ok32, noise)
+            floor = None
+            if not judged.ok and own is not None:     # fp32: within or beyond the reference's own noise
+                judged, floor = noise_floor(ref, row, tol, own, noise)
             loss, params, evals, dtypes = judged.loss, judged.params, judged.evals, judged.dtypes
             failing = (np.flatnonzero(~(policy.relative_steps(ref.losses, row.losses) <= loss.limit))
                        if len(row.losses) == len(ref.losses) else np.array([0]))
@@ -287,7 +309,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
                 first_failing_step=int(failing[0]) if failing.size else None,
                 max_param_dev=params.value, max_param_dev_at=params.where, param_limit=params.limit,
                 losses=row.losses, recompiles=row.run.result.summary.recompiles_after_warmup,
-                param_note=params.note or None)
+                param_note=params.note or None, noise_floor=floor)
             if census:
                 check.census, check.matmul_dtypes, check.matmul_dtypes_mismatch = True, row.matmul_dtypes, dtypes
             if evals is not None:    # the eval losses, under the same limit (index i: the i-th evaluation)

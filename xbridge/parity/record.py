@@ -32,6 +32,19 @@ class DivergentGradient:
 
 
 @dataclass
+class NoiseFloor:
+    """fp32, a target beyond the policy's bounds: the reference's own noise (the reference again from initial
+    weights one ulp apart: its largest loss and parameter deviations from itself), and whether the target is within
+    policy.NOISE_FACTOR x that (its verdict is then pass: parity cannot tell it from the reference)."""
+
+    within: bool
+    loss: float
+    loss_at: str            # "step i"
+    params: float
+    params_at: str          # the parameter
+
+
+@dataclass
 class ParityCheck:
     """A finished target against the reference: the deviations and the limits they were held to."""
 
@@ -57,6 +70,7 @@ class ParityCheck:
     first_divergent_gradient: DivergentGradient | None = None   # None: every gradient agrees
     param_note: str | None = None        # the parameter's limit came from the reference's own noise (fp32: its
                                          # elements with no true gradient), and what they are
+    noise_floor: NoiseFloor | None = None     # fp32, beyond the bounds: the reference's own noise, and the verdict
 
 
     def to_json(self) -> dict[str, Any]:
@@ -81,6 +95,8 @@ class ParityCheck:
             data["first_divergent_gradient"] = None if grad is None else dataclasses.asdict(grad)
         if self.param_note is not None:
             data["max_param_dev_note"] = self.param_note
+        if self.noise_floor is not None:
+            data["noise_floor"] = dataclasses.asdict(self.noise_floor)
         return data
 
     @classmethod
@@ -97,7 +113,8 @@ class ParityCheck:
                    first_divergent_module=None if found is None else DivergentModule(**found),
                    gradients_traced="first_divergent_gradient" in data,
                    first_divergent_gradient=None if grad is None else DivergentGradient(**grad),
-                   param_note=data.get("max_param_dev_note"))
+                   param_note=data.get("max_param_dev_note"),
+                   noise_floor=NoiseFloor(**data["noise_floor"]) if data.get("noise_floor") else None)
 
 
 @dataclass

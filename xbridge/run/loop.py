@@ -132,6 +132,9 @@ def _run(program: Program, target_text: str, options: RunOptions, progress: Prog
          writer: checkpoint.Writer | None, board: scalars.Scalars | None = None) -> RunRecord:
     start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
+    from ..torch.seeding import seed_host
+
+    seed_host(program.seed)     # numpy's and Python's generators, for a forward or data source that draws from them
     if writer is not None and processes.this_process()[0] == 0:    # process 0 commits every process's checkpoint
         writer.lock()
     target, backend, plan, executable = prepared.target, prepared.backend, prepared.plan, prepared.executable

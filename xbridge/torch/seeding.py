@@ -7,7 +7,9 @@ differs from process to process), so nothing is left to it:
   builds the same weights in every run and in every process);
 - the training stream (:func:`training_seed`): the draws of ``--rng native`` (dropout and friends) on the torch
   stacks start from torch's generator seeded with it when the train step is built, and jax's (torchax's key) from
-  it too; a stream of its own, not the builder's.
+  it too; a stream of its own, not the builder's; numpy's and Python's global generators seeded from it before
+  step 0 (:func:`seed_host`), so that a program drawing from them (a data source's augmentation, a forward xbridge
+  check says "differs" for: docs/programs.md) gives one run twice on one stack.
 """
 
 from __future__ import annotations
@@ -39,3 +41,10 @@ def seeded(seed: int) -> Iterator[None]:
     finally:
         np.random.set_state(numpy_state)
         random.setstate(python_state)
+
+
+def seed_host(seed: int) -> None:
+    """numpy's global generator and Python's ``random`` seeded from the training stream's seed (before step 0)."""
+    stream = training_seed(seed)
+    np.random.seed(stream % (1 << 32))
+    random.seed(stream)
