@@ -119,3 +119,17 @@ def test_in_fp32_a_key_bias_is_judged_against_the_references_own_noise_and_a_ske
     assert dev.ok and dev.limit == pytest.approx(policy.NOISE_FACTOR * 2.8e-4) and "key bias; within" in dev.note
     dev = policy.param_deviation(ref, moved(10 * 2.8e-4), tol, noise=noise)
     assert not dev.ok and dev.where == "k.bias" and "beyond" in dev.note
+
+
+def test_the_noise_floor_is_held_step_by_step():
+    """A target that parts where the reference has not amplified anything yet is not lent later steps' noise."""
+    tol = policy.tolerance("fp32")
+    ref = [2.0] * 6
+    own = [2.0, 2.0, 2.0, 2.0, 2.0 * (1 + 5e-5), 2.0]       # the reference parts from itself at step 4
+    late = [2.0, 2.0, 2.0, 2.0, 2.0 * (1 + 1e-4), 2.0]      # 1e-4 at step 4: within 4x 5e-5
+    early = [2.0 * (1 + 1e-4), 2.0, 2.0, 2.0, 2.0, 2.0]     # the same 1e-4 at step 0: beyond the bound there
+    within = policy.loss_within_own_noise(ref, late, own, tol)
+    assert within.ok and within.where == "step 4" and within.limit == pytest.approx(2e-4)
+    beyond = policy.loss_within_own_noise(ref, early, own, tol)
+    assert not beyond.ok and beyond.where == "step 0" and beyond.limit == tol.loss_rtol
+    assert policy.loss_deviation(ref, early, tol, own).ok       # the whole-run rule would have lent it

@@ -8,6 +8,7 @@ first batch (``--trace-modules``). Comparisons use the policy in xbridge/parity/
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -242,6 +243,7 @@ def noise_floor(ref: TargetOutcome, row: TargetOutcome, tol: policy.Tolerance, o
     """A target beyond the bounds, judged again against the reference's own noise (``own``: the reference from
     initial weights one ulp apart): each deviation within NOISE_FACTOR x the reference's own (policy.py)."""
     judged = _judge(ref, row, tol, own, noise)
+    judged = dataclasses.replace(judged, loss=policy.loss_within_own_noise(ref.losses, row.losses, own.losses, tol))
     loss = policy.loss_deviation(ref.losses, own.losses, tol)
     assert ref.state is not None and own.state is not None
     params = policy.tensor_deviations(ref.state, own.state)

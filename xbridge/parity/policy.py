@@ -115,6 +115,21 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float], tol: Tol
     return Deviation(float(rel[step]), f"step {step}", limit)
 
 
+def loss_within_own_noise(reference: Sequence[float], losses: Sequence[float], own: Sequence[float],
+                          tol: Tolerance) -> Deviation:
+    """The loss against the reference's own noise step by step (``own``: the reference from initial weights one ulp
+    apart): step s's limit is ``max(bound, NOISE_FACTOR x`` the largest own deviation up to s``)``, so a target that
+    parts early, where the reference has not yet amplified its rounding, is not lent the noise of later steps. The
+    step farthest beyond its limit is reported, or when none is, the largest deviation."""
+    if not (len(reference) == len(losses) == len(own)) or not len(reference):
+        return loss_deviation(reference, losses, tol, own)
+    rel = relative_steps(reference, losses)
+    limits = np.maximum(tol.loss_rtol, NOISE_FACTOR * np.maximum.accumulate(relative_steps(reference, own)))
+    beyond = rel > limits
+    step = int(np.argmax(rel / limits)) if beyond.any() else int(np.argmax(rel))
+    return Deviation(float(rel[step]), f"step {step}", float(limits[step]))
+
+
 def _wide(array: np.ndarray) -> np.ndarray:
     """float64, or complex128 for a complex tensor (its imaginary part kept)."""
     return array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
