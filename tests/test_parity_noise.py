@@ -140,8 +140,9 @@ def test_the_fixture_passes_parity_in_fp32_where_the_key_bias_failed(tmp_path):
 def test_a_chaotic_program_is_within_the_references_own_noise_and_a_wrong_stack_beyond_it(tmp_path):
     """The noise floor (docs/parity.md): tests/fixtures/chaotic.py amplifies fp32 rounding, so Inductor parts from
     eager beyond the fp32 bounds (until 2026-12-07: FAIL) and so does eager from itself one ulp apart: the verdict is
-    pass, within the reference's own noise. A stack that computes another program (its own dropout masks under
-    --rng native, tests/fixtures/dropout.py) is beyond it: FAIL, the floor named."""
+    pass, within the reference's own noise. A stack that parts at step 0 (its own dropout masks under --rng
+    native, tests/fixtures/dropout.py) is beyond any floor: FAIL, without the noise run. (Beyond a measured floor:
+    tests/test_third_party_backend.py's skewed export.)"""
     chaotic = tmp_path / "chaotic"
     proc = run_cli("parity", str(ROOT / "tests" / "fixtures" / "chaotic.py"), "--backends", "inductor-cpu",
                    "--steps", "20", "--out", str(chaotic))
@@ -158,6 +159,6 @@ def test_a_chaotic_program_is_within_the_references_own_noise_and_a_wrong_stack_
                    "--rng", "native", "--steps", "4", "--out", str(wrong))
     assert proc.returncode == 1, proc.stderr[-3000:]
     row = json.loads((wrong / "parity.json").read_text())["targets"][0]
-    assert row["verdict"] == "FAIL" and row["noise_floor"]["within"] is False
-    assert row["max_loss_dev"] > 100 * row["noise_floor"]["loss"]
-    assert "FAIL beyond 4x the reference's own noise" in proc.stdout
+    # beyond the bound at step 0, where the reference's own noise is one forward's rounding: no noise run is made
+    assert row["verdict"] == "FAIL" and row["first_failing_step"] == 0 and "noise_floor" not in row
+    assert not (wrong / "runs" / "reference-noise").exists()

@@ -81,3 +81,5 @@ def test_parity_catches_a_wrong_parameter_when_every_loss_matches(plugin_env, tm
     (row,) = json.loads(proc.stdout)["targets"]
     assert row["verdict"] == "FAIL" and row["first_failing_step"] is None and row["max_loss_dev"] < 1e-6, row
     assert row["max_param_dev_at"] == "out.bias" and row["max_param_dev"] > row["param_limit"], row
+    assert row["noise_floor"]["within"] is False      # beyond the reference's own noise, measured (docs/parity.md)
+    assert row["max_param_dev"] > 4 * row["noise_floor"]["params"]

@@ -7,7 +7,7 @@ logged metrics, a global it changes, a draw from numpy's or Python's generator, 
 iterator) would see those calls as steps: its step 0 would be its third call. In a forked child the checks run on
 a copy-on-write copy of everything, the result comes back through a pipe, and the child ends with ``os._exit``:
 the program's state in this process is as the checks found it, and the loss is called once per step
-(docs/writing-programs.md, "How often xbridge calls the loss").
+(docs/programs.md, "How often xbridge calls the loss").
 
 The child runs torch on the meta device (the CPU when the meta device cannot run a forward) and nothing of a
 compiler's runtime, so a framework's threads in this process do not matter to it, with one exception: GNU OpenMP

@@ -238,6 +238,19 @@ def quiet_noise(program_ref: str, program: Program, reference: str, options: Par
     return policy.QuietNoise(finished.state, masks, kinds), NoiseReference(NOISE_RUN, run.run.status, found), finished
 
 
+def _may_be_noise(ref: TargetOutcome, row: TargetOutcome, tol: policy.Tolerance) -> bool:
+    """A finished target beyond the bounds whose failure the reference's own noise may explain: on its parameters
+    alone (the elements with no true gradient), or on a loss it still matched at step 0. A loss beyond the bound at
+    step 0 is beyond the floor too (one forward's rounding, far below the bound), so no noise run is made for it."""
+    if row.run.result is None or row.state is None:
+        return False
+    judged = _judge(ref, row, tol, None, None)
+    if judged.ok:
+        return False
+    rel = policy.relative_steps(ref.losses, row.losses)
+    return judged.params_alone or (len(rel) == len(ref.losses) and len(rel) > 0 and bool(rel[0] <= tol.loss_rtol))
+
+
 def noise_floor(ref: TargetOutcome, row: TargetOutcome, tol: policy.Tolerance, own: TargetOutcome,
                 noise: policy.QuietNoise | None) -> tuple[Judged, NoiseFloor]:
     """A target beyond the bounds, judged again against the reference's own noise (``own``: the reference from
@@ -289,8 +302,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
     noise: policy.QuietNoise | None = None
     noise_record: NoiseReference | None = None
     own: TargetOutcome | None = None
-    if fp32 is None and any(not _judge(ref, finished[t], tol, None, None).ok for t in targets
-                            if finished[t].run.result is not None and finished[t].state is not None):
+    if fp32 is None and any(_may_be_noise(ref, finished[t], tol) for t in targets):
         noise, noise_record, own = quiet_noise(program_ref, program, reference, options, out, weights, progress)
     rows = []
     checked: dict[str, str | None] = {}

@@ -43,7 +43,7 @@ def build_model(program: Program, weights: dict[str, np.ndarray] | None, device:
     ties = tied_groups(model)
     params_dtype = torch_dtype(program.precision.params)
     # Module.to(dtype) would cast complex tensors too (dropping the imaginary part): only floating ones take the
-    # params dtype; complex ones keep theirs under every precision (docs/precision.md). _apply is what .to uses.
+    # params dtype; complex ones keep theirs under every precision (docs/programs.md). _apply is what .to uses.
     model._apply(lambda t: t.to(device=device, dtype=params_dtype if t.is_floating_point() else None))
     retie(model, ties)
     _cast_outputs(model, torch_dtype(program.precision.output))
