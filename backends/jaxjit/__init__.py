@@ -50,12 +50,17 @@ def torchax_mismatch() -> str | None:
 
 # what JAX does with host state the forward reads (xbridge/torch/host_state.py), and what to do instead
 _HOST_READ = {
-    "draw": "the number drawn while it traces would be a constant of every step; draw with torch instead (torch.rand "
-            "and friends: every stack carries them, the same bits on each under --rng portable)",
-    "value": "the value it sees while it traces would be a constant of every step; pass what changes in the batch "
-             "(a tensor), or compute it from the step's tensors",
+    "draw": "JAX traces the step once, and the number drawn while it traces would be a constant of every step; draw "
+            "with torch instead (torch.rand and friends: every stack carries them, the same bits on each under --rng "
+            "portable)",
+    "value": "JAX traces the step once, and the value it sees while it traces would be a constant of every step; "
+             "pass what changes in the batch (a tensor), or compute it from the step's tensors",
 }
 _HOST_READ["data"] = _HOST_READ["value"]
+_HOST_READ["stored"] = ("JAX traces the forward more than once (the parameters it reads, the train step, the eval "
+                        "step): a tensor the first trace keeps on a module is a value of that trace, which the next "
+                        "cannot use (JAX's UnexpectedTracerError); build it in __init__ (register_buffer(..., "
+                        "persistent=False)) or compute it in every forward")
 
 
 class JaxBackend(Backend, AheadOfTime, StepChecks):
@@ -88,8 +93,8 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         found += [Finding("note", f"autograd.Function {fn['name']}", fn["where"], "carried as a jax.custom_vjp: "
                           "its own backward runs (a backward that reads a value is refused at init)")
                   for fn in census.functions]
-        found += [Finding("fails", read["what"], read["where"] or "(forward)", "JAX traces the step once, and "
-                          + _HOST_READ[read["kind"]]) for read in census.host_reads]
+        found += [Finding("fails", read["what"], read["where"] or "(forward)", _HOST_READ[read["kind"]])
+                  for read in census.host_reads]
         return found
 
     def device_reason(self, device: str) -> str | None:

@@ -9,9 +9,10 @@ them suggested:
 
 - the generators' states are compared around one forward (``np.random.get_state()``, ``random.getstate()``); a
   forward that moved one is run again under :func:`sys.setprofile` to find the program's line that drew;
-- the forward runs twice on the same batch (the data source asked for batch 1 in between, as a run would), and the
-  Python numbers the operators receive (the ``0.5`` of ``x * 0.5``, a shape, a dim) are compared call by call: the
-  first that differs names the operator and the program's line.
+- the forward runs again on the same batch, twice (the first run may build what later ones reuse, a cached table),
+  then once after the data source read batch 1 (as a run would), and the Python numbers the operators receive (the
+  ``0.5`` of ``x * 0.5``, a shape, a dim) are compared call by call: the first that differs names the operator and
+  the program's line.
 
 torch's own generator is not host state: ``torch.rand`` is a random draw every stack carries (``--rng``)."""
 

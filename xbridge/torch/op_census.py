@@ -90,7 +90,8 @@ class Census:
     mutated_inputs: list[str]                     # batch keys the forward changed in place
     masks: dict[str, OpUse] = dataclasses.field(default_factory=dict)   # boolean-mask indexing, by operator
     host_reads: list[dict[str, str]] = dataclasses.field(default_factory=list)  # host state the forward reads:
-                                                  # kind (draw, value), what, where (xbridge/torch/host_state.py)
+                                                  # kind (draw, value, data, stored), what, where
+                                                  # (xbridge/torch/host_state.py)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -279,18 +280,24 @@ def census(program: Program, batch: dict[str, np.ndarray], backward: bool = True
 
             # floating data in the params dtype, as the backends place it (float64 arrays met an fp32 model's matmul)
             model, tensors = meta_model(program), meta_batch(program, batch)
-            saved = _saved(model, tensors)
+            saved, kept = _saved(model, tensors), _tensor_attributes(model)
             ops, functions, mutated, draws = _run(program, model, tensors, backward)
             device = "meta"
         except Exception as exc:    # an operator that needs values: once more, on the CPU
             failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             model = build_model(program, initial_weights(program), torch.device("cpu"))
             tensors = batch_to_torch(batch, torch.device("cpu"), program.precision)
-            saved = _saved(model, tensors)
+            saved, kept = _saved(model, tensors), _tensor_attributes(model)
             ops, functions, mutated, draws = _run(program, model, tensors, backward)
             device = "cpu"
-        reads = _host_reads(program, model, tensors, ops, backward, saved)
+        reads = _host_reads(program, model, tensors, ops, backward, saved, kept)
     return Census(device, failure, ops.ops, functions, draws, mutated, ops.masks, reads)
+
+
+def _tensor_attributes(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors the model's modules hold as plain attributes (not parameters, not buffers), by dotted name."""
+    return {f"{name}.{attr}" if name else attr: value for name, module in model.named_modules()
+            for attr, value in vars(module).items() if isinstance(value, torch.Tensor)}
 
 
 def _saved(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -299,11 +306,15 @@ def _saved(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[tup
 
 
 def _host_reads(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Tensor], first: _Ops,
-                backward: bool, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> list[dict[str, str]]:
+                backward: bool, saved: list[tuple[torch.Tensor, torch.Tensor]], kept: dict[str, torch.Tensor],
+                ) -> list[dict[str, str]]:
     """The host state the forward reads (xbridge/torch/host_state.py): the global generators it drew from (kind
-    ``draw``); then a second forward on the same batch, from the same weights and generators, whose operators must
-    receive the same Python numbers (else: ``value``, state the loss keeps itself), and a third after the data
-    source read batch 1 (else: ``data``, a global the source sets for the step it reads)."""
+    ``draw``); then two more forwards on the same batch, from the same weights and generators, whose operators must
+    receive the same Python numbers (else: ``value``, state the loss keeps itself), and one after the data source
+    read batch 1 (else: ``data``, a global the source sets for the step it reads). The first forward is not
+    compared: what it builds once (a table cached on a module) is not host state, though a tensor kept on a module
+    so is reported (``stored``: a JAX trace's value, which the next trace cannot use); a tensor set on a module at
+    every call (kept for inspection) is not."""
     from xbridge.data.source import checked_batch
 
     def _run_again(restored: bool = False, **kwargs: Any) -> _Ops:    # from the first forward's weights, batch
@@ -323,18 +334,26 @@ def _host_reads(program: Program, model: torch.nn.Module, tensors: dict[str, tor
         lines = host_state.locate_draw(lambda: _run_again(restored=True), _traced_file)
         found = [{"kind": "draw", "what": f"a draw from {what}", "where": lines.get(what, "")}
                  for what in first.moved]
+    # The first forward may build what later ones reuse (a rotary table cached on the module): compared are the
+    # second and third, then the third and one after the data source read batch 1
+    first_kept = _tensor_attributes(model)
+    warm = _run_again()
+    # a tensor the first forward set on a module and the next one read back without setting it: a cache
+    found += [{"kind": "stored", "what": "a tensor the forward keeps on its module", "where": f"model.{name}"}
+              for name, value in _tensor_attributes(model).items()
+              if kept.get(name) is not first_kept.get(name) and value is first_kept.get(name)]
     second = _run_again()             # the loss's own state (a counter it keeps)
     kind = "value"
-    if host_state.first_difference(first.signature, second.signature) is None:
+    if host_state.first_difference(warm.signature, second.signature) is None:
         try:
             checked_batch(program.data, 1, program.seed)     # a global the data source sets for its step
         except Exception:       # a source with one batch: nothing to read in between
             return found
-        second, kind = _run_again(), "data"
-    index = host_state.first_difference(first.signature, second.signature)
+        warm, second, kind = second, _run_again(), "data"
+    index = host_state.first_difference(warm.signature, second.signature)
     if index is None:
         return found
-    what = host_state.describe_difference(first.signature, second.signature, index)
+    what = host_state.describe_difference(warm.signature, second.signature, index)
     if kind == "data":
         what += " after the data source read the next batch"
     where = _run_again(locate=index).located
