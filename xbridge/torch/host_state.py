@@ -8,7 +8,7 @@ at every step, and the run trains another program without a word. Both are found
 them suggested:
 
 - the generators' states are compared around one forward (``np.random.get_state()``, ``random.getstate()``); a
-  forward that moved one is run again under :func:`sys.setprofile` to find the program's line that drew;
+  forward that moved one is run again under :func:`sys.settrace` to find the program's line that drew;
 - the forward runs again on the same batch, twice (the first run may build what later ones reuse, a cached table),
   then once after the data source read batch 1 (as a run would), and the Python numbers the operators receive (the
   ``0.5`` of ``x * 0.5``, a shape, a dim) are compared call by call: the first that differs names the operator and
@@ -21,24 +21,15 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Signature", "first_difference", "generators_moved", "locate_draw", "scalars_of"]
+__all__ = ["Signature", "describe_difference", "first_difference", "generator_states", "generators_moved",
+           "locate_draw", "restore_states", "scalars_of"]
 
 _NUMBERS = (bool, int, float, complex)
-
-
-@dataclass(frozen=True)
-class HostRead:
-    """One finding: what the forward read (``numpy's global generator (np.random)``, ``a value that changes from
-    call to call: 2.0 then 3.0 in aten::add.Tensor``) and where (``prog.py:12``)."""
-
-    what: str
-    where: str
 
 
 def scalars_of(args: Any, kwargs: Any, on_meta: bool) -> tuple:
@@ -88,6 +79,12 @@ def describe_difference(first: Signature, second: Signature, index: int) -> str:
 
 def generator_states() -> tuple[Any, Any]:
     return np.random.get_state(), random.getstate()      # numpy's: (name, keys, position, has_gauss, gauss)
+
+
+def restore_states(states: tuple[Any, Any]) -> None:
+    """Put numpy's and Python's global generators back to ``states`` (:func:`generator_states`)."""
+    np.random.set_state(states[0])
+    random.setstate(states[1])
 
 
 def generators_moved(before: tuple[Any, Any]) -> list[str]:

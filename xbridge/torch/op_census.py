@@ -129,9 +129,8 @@ def user_line(frame: Any) -> str:
     """file:line of the innermost frame from ``frame`` outwards that is outside torch, xbridge and the standard
     library."""
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_HERE) and not path.startswith("<"):
-            return f"{path}:{frame.f_lineno}"
+        if _traced_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
 
@@ -326,7 +325,7 @@ def _host_reads(program: Program, model: torch.nn.Module, tensors: dict[str, tor
         with torch.no_grad():
             for value, copy in saved:
                 value.copy_(copy)
-        _restore(first.states)
+        host_state.restore_states(first.states)
 
     found = []
     if first.moved:
@@ -358,13 +357,6 @@ def _host_reads(program: Program, model: torch.nn.Module, tensors: dict[str, tor
         what += " after the data source read the next batch"
     where = _run_again(locate=index).located
     return found + [{"kind": kind, "what": what, "where": where}]
-
-
-def _restore(states: tuple[Any, Any]) -> None:
-    import random
-
-    np.random.set_state(states[0])
-    random.setstate(states[1])
 
 
 def resolve(name: str) -> Any:
