@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xbridge.run import warm
+
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "programs"
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -29,10 +31,13 @@ def user_env() -> dict[str, str]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``xbridge ARGS`` in a fresh interpreter, as a user would."""
+    """Run ``xbridge ARGS`` in a process of its own, as a user would: a fork of the session's warm server of this
+    interpreter (tests/conftest.py, xbridge/run/warm.py: the frameworks imported already), or a fresh interpreter
+    where none serves it (an environment that differs in what an interpreter fixes at start, e.g. PYTHONHASHSEED)."""
     full_env = {**user_env(), "XBRIDGE_DEBUG": "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "xbridge", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or ROOT, timeout=timeout)
+    cmd = [sys.executable, "-m", "xbridge", *args]
+    return (warm.run(cmd, full_env, cwd=cwd or ROOT, timeout=timeout)
+            or subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout))
 
 
 def xbridge_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -331,27 +331,36 @@ def forward(env: Environment, argv: list[str]) -> int:
     import signal
     import threading
 
-    piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
-    proc = subprocess.Popen([env.python, "-m", "xbridge", *argv], env={**os.environ, **ALONE, **handed_down()},
-                            stdout=piped[0], stderr=piped[1], text=True, process_group=0)
+    from .run import warm
+
+    cmd, child_env = [env.python, "-m", "xbridge", *argv], {**os.environ, **ALONE, **handed_down()}
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    child: list[int] = []
 
     def pass_on(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)
+        for pid in child:
+            with contextlib.suppress(ProcessLookupError):   # ended already
+                os.kill(pid, signum)
 
     try:
         for sig in previous:
             signal.signal(sig, pass_on)
-        out, err = proc.communicate()
+        done = warm.run(cmd, child_env, started=child.append)    # a warm server's fork (none: a fresh interpreter)
+        if done is None:
+            piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
+            proc = subprocess.Popen(cmd, env=child_env, stdout=piped[0], stderr=piped[1], text=True, process_group=0)
+            child.append(proc.pid)
+            out, err = proc.communicate()
+            done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    for text, stream in ((out, sys.stdout), (err, sys.stderr)):
+    for text, stream in ((done.stdout, sys.stdout), (done.stderr, sys.stderr)):
         if text:
             stream.write(text)
             stream.flush()
-    return proc.returncode
+    return done.returncode
 
 
 def _pipe_unless_file(stream: Any) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 from ..contract import registry
 from ..environments import handed_down, locate, split_env
 from ..errors import ConfigError
+from . import warm
 from .record import RunRecord
 
 REFERENCE = "eager-cpu"     # the default baseline of parity and compare (--reference picks another eager target)
@@ -153,16 +154,18 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) -> TargetRun:
-    """One target in a fresh interpreter; a failure, a timeout or a kill becomes the status."""
+    """One target in a process of its own (a fresh interpreter, or a warm server's fork where one is set up:
+    xbridge/run/warm.py); a failure, a timeout or a kill becomes the status."""
     backend = locate(target.split(":")[0]).backend
     processes = options.processes if backend.multi_process else 1
     per_process = options.devices * (options.processes // processes)      # one process: every device in it
     devices = per_process * processes if backend.sharded else 1
     cmd = child_command(program_ref, target, options, per_process if backend.sharded else 1, out / target, processes)
     run = TargetRun(target, devices, cmd, "ok")
+    env = {**os.environ, "XBRIDGE_DEBUG": "0", **handed_down()}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s,
-                              env={**os.environ, "XBRIDGE_DEBUG": "0", **handed_down()})
+        proc = warm.run(cmd, env, timeout=options.timeout_s) or subprocess.run(
+            cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         run.status, run.error = "timeout", f"no result after {options.timeout_s:g} s\n{_tail(stderr)}"

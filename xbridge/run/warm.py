@@ -1,0 +1,284 @@
+"""Warm starts: ``xbridge ARGS`` as a fork of an interpreter that has imported the frameworks already.
+
+A fresh interpreter pays its imports before any work: torch 1.8 s, JAX 0.5 s more, a Hugging Face model's modules
+3-5 s, torch_xla 5.6 s (measured on the 2-core machine of docs/testing.md), and for a small program that is most of
+a run (an ``xbridge run`` of the HF ResNet for 6 steps: 6.1 s on eager-cpu, of which 1 s is the run). A *warm
+server* (``python -m xbridge.run.warm FOLDER MODULE...``) imports the modules named, listens on a Unix socket in
+FOLDER named for its interpreter, and answers each request by forking: the child sets the request's environment,
+folder and arguments and runs the command line as ``python -m xbridge`` would, its output going to the files the
+request names; the server reports its process id, then its exit status (negative: the signal that ended it). The
+same run forked warm took 0.97 s (eager), 4.4 s (inductor, from 11.0) and 1.4 s (jax, from 7.6).
+
+What a fork shares with a fresh interpreter and what it does not:
+- nothing of a compiler's runtime is started in the server: it imports and never computes (no JAX backend, no
+  OpenMP team: GNU OpenMP cannot run in a child of a process that used it, xbridge/forked.py), so each child sets
+  its own device counts and flags as a fresh process does;
+- torchax is not imported there: importing it changes ``torch.accelerator`` for the process, and Dynamo then fails
+  (the jax backend corrects that when it loads torchax, xbridge/backends/jaxjit/patches.py);
+- what an interpreter reads once at start or import (``PYTHON*`` and ``LD_*`` variables, the ``TORCH_``,
+  ``TORCHINDUCTOR_``, ``JAX_`` and ``HF_`` variables of the modules imported) is the server's: a request whose value
+  of one of them differs from the server's is not served (:func:`run` returns None, and the caller starts a fresh
+  interpreter); what the imports set in the server's environment (torch's default cache folder, libtpu's path) is
+  set in the child's where the request does not set it, as a fresh interpreter's imports would;
+- at its end the child runs the exit handlers and waits for its threads, as an interpreter does before it exits.
+
+Who uses it: :func:`run` is how parity's and compare's targets start (xbridge/run/isolated.py), how a command
+forwarded to another environment starts there (xbridge/environments.py), and how the test suite starts ``xbridge``
+(tests/helpers.py), wherever ``XBRIDGE_WARM_START`` names a folder where a server for the interpreter listens; with
+none (the default) every command starts a fresh interpreter. The figures a run reports are measured inside it
+(compile and step times, memory: a fork's peak resident set counts the pages it shares with the server, as a fresh
+process counts the same modules), so compare's table does not change with it. The test suite starts one server per
+environment for its session (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["VARIABLE", "run", "serve", "socket_path"]
+
+VARIABLE = "XBRIDGE_WARM_START"
+# what a server imports when told nothing else: what xbridge's commands import anyway, and the Hugging Face modules
+# the programs users bring import. Not torchax (the module docstring), not torch_xla (it reads its settings once, when
+# it loads, and each xla run sets them first: xbridge/run/prepare.py). A module not installed is left out.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch._functorch.aot_autograd", "torch._inductor.compile_fx", "jax",
+           "optax", "transformers.modeling_utils", "xbridge.cli.app", "xbridge.run.loop", "xbridge.parity.job")
+# what an interpreter, or a framework the server imported, reads once, at start or import: a request must agree with
+# the server on these. (Inductor reads TORCHINDUCTOR_CACHE_DIR at each cache access; XLA_FLAGS, TPU_*, CUDA_*, OMP_*
+# are read when a runtime starts, in the child.)
+_FIXED_AT_START = ("PYTHON", "LD_", "MALLOC_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "JAX_", "HF_",
+                   "TRANSFORMERS_")
+_READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+
+
+def socket_path(folder: str | Path, python: str) -> Path:
+    """Where a server for interpreter ``python`` listens in ``folder`` (the name as given, not resolved: two virtual
+    environments of one Python are two interpreters)."""
+    digest = hashlib.sha1(os.path.abspath(python).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}.sock"
+
+
+def _differs(request: dict[str, str], started: dict[str, str], added: dict[str, str]) -> list[str]:
+    """The variables fixed at start whose value in ``request`` is not the server's: neither what it started with
+    nor what its imports set (a client that imported torch has torch's own defaults in its environment too)."""
+    keys = {key for key in (*request, *started) if key.startswith(_FIXED_AT_START) and key not in _READ_LATER}
+    return sorted(key for key in keys
+                  if request.get(key) != started.get(key) and not (key in added and request.get(key) == added[key]))
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: str | Path | None = None, timeout: float | None = None,
+        started: Callable[[int], None] | None = None) -> subprocess.CompletedProcess | None:
+    """``cmd`` (``[PYTHON, "-m", "xbridge", ARGS...]``) forked from a warm server of PYTHON, as
+    ``subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)`` would run it; None
+    where no server serves it (none running, another command, an environment that differs in what is fixed at
+    start). Raises ``subprocess.TimeoutExpired`` as subprocess.run does, the child killed. ``started`` is called
+    with the child's process id once it runs (to pass signals on)."""
+    folder = env.get(VARIABLE) or os.environ.get(VARIABLE)
+    if not folder or len(cmd) < 3 or cmd[1:3] != ["-m", "xbridge"]:
+        return None
+    path = socket_path(folder, cmd[0])
+    if not path.exists():
+        return None
+    with tempfile.TemporaryDirectory(prefix="xbridge-warm-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        request = {"argv": cmd[3:], "env": env, "cwd": os.path.abspath(cwd or os.getcwd()), "stdout": str(out),
+                   "stderr": str(err)}
+        try:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(path))
+        except OSError:     # a server that has gone: a fresh interpreter instead
+            return None
+        with conn:
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            reader = _Lines(conn)
+            first = reader.next(None)
+            if not first or "pid" not in first:     # refused (what is fixed at start differs) or gone
+                return None
+            try:
+                if started is not None:
+                    started(first["pid"])
+                ended = reader.next(timeout)
+                timed_out = ended is None
+                if timed_out:
+                    _kill(first["pid"])
+                    ended = reader.next(None)
+            except BaseException:       # interrupted here: the child goes too, as subprocess.run's would
+                _kill(first["pid"])
+                raise
+        ended = ended or {"returncode": -signal.SIGKILL}    # the server went before its child
+        stdout = out.read_text(errors="replace") if out.exists() else ""
+        stderr = err.read_text(errors="replace") if err.exists() else ""
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout or 0.0, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(cmd, ended["returncode"], stdout, stderr)
+
+
+class _Lines:
+    """The server's messages on a connection, a JSON object a line."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.buffer = conn, b""
+
+    def next(self, timeout: float | None) -> dict | None:
+        """The next message; None when none came in ``timeout`` seconds, {} when the server closed the connection."""
+        while b"\n" not in self.buffer:
+            if not select.select([self.conn], [], [], timeout)[0]:
+                return None
+            chunk = self.conn.recv(1 << 16)
+            if not chunk:
+                return {}
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def serve(folder: Path, modules: list[str]) -> None:
+    """The server: import ``modules`` (one that does not import is left out), listen, fork a child per request, and
+    end when the process that started it has ended or its socket file is removed."""
+    import importlib
+
+    parent = os.getppid()
+    started_env = dict(os.environ)      # before the imports, which may set variables of their own
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:       # noqa: BLE001 (an optional module: a child imports what it needs itself)
+            pass
+    added = {key: value for key, value in os.environ.items() if started_env.get(key) != value}
+    path = socket_path(folder, sys.executable)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path) + ".new")
+    os.replace(str(path) + ".new", path)      # the name appears once the server listens
+    listener.listen(64)
+    waiting: dict[int, socket.socket] = {}    # child pid -> the connection its exit status goes to
+    try:
+        while os.getppid() == parent and path.exists():
+            ready = select.select([listener], [], [], 0.05)[0]
+            if ready:
+                conn = listener.accept()[0]
+                pid = _answer(conn, listener, started_env, added, waiting)
+                if pid is not None:
+                    waiting[pid] = conn
+            _reap(waiting)
+    finally:
+        for pid in waiting:
+            _kill(pid)
+        listener.close()
+        if path.exists():
+            path.unlink()
+
+
+def _answer(conn: socket.socket, listener: socket.socket, started_env: dict[str, str], added: dict[str, str],
+            waiting: dict[int, socket.socket]) -> int | None:
+    conn.settimeout(10)
+    try:
+        request = json.loads(conn.makefile("rb").readline() or b"{}")
+    except (OSError, ValueError):
+        conn.close()
+        return None
+    differs = _differs(request["env"], started_env, added) if request else ["no request"]
+    if differs:
+        _send(conn, {"refused": f"differs in what an interpreter fixes at start: {', '.join(differs)}"})
+        conn.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for other in waiting.values():
+            other.close()
+        conn.close()
+        _child(request, added)
+    _send(conn, {"pid": pid})
+    return pid
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            _send(conn, {"returncode": code})
+            conn.close()
+
+
+def _child(request: dict, added: dict[str, str]) -> None:
+    """Become ``python -m xbridge ARGV`` in the request's environment and folder; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.setpgid(0, 0)        # as a fresh process of its own: a signal to the server's group does not reach it
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+        os.environ.clear()
+        os.environ.update({**added, **request["env"]})     # as the imports would have set them
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]       # as `python -m` puts the current folder first
+        sys.argv = [sys.argv[0], *request["argv"]]
+        from xbridge.cli import main
+
+        try:
+            main(list(request["argv"]))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:       # noqa: BLE001 (as the interpreter does: the traceback, exit 1)
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        _end_as_an_interpreter_does()
+    finally:
+        os._exit(code)
+
+
+def _end_as_an_interpreter_does() -> None:
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()       # type: ignore[attr-defined]  # the non-daemon threads, as at exit
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), sys.argv[2:] or list(PRELOAD))
