@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import PROGRAMS, ROOT, user_env
 
 # Hermetic runs: the session compiles into a cache folder of its own (it starts cold, and nothing is written to
@@ -28,13 +29,14 @@ if not _WORKER:
         prefix="xbridge-test-cache-")
 for _name in ("TORCHINDUCTOR_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR"):
     os.environ.pop(_name, None)
+    helpers.SESSION_ENV.pop(_name, None)       # what user_env() restores
 # Hugging Face datasets (the Records tests) caches under the same folder and never reaches for the network
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["XBRIDGE_CACHE_DIR"], "hf-datasets")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
-# Warm starts (xbridge/run/warm.py): the controlling process starts a server per environment (this interpreter and
+# Warm starts (xbridge/processes/warm.py): the controlling process starts a server per environment (this interpreter and
 # the other environment's), each importing the frameworks once; every `xbridge` the tests start (helpers.run_cli) and
 # every parity target is a fork of one, not a fresh interpreter (a small run: 1 s instead of 6). Started here, before
 # any test, with the environment above; the workers inherit XBRIDGE_WARM_START.
@@ -44,7 +46,7 @@ if not _WORKER and "XBRIDGE_WARM_START" not in os.environ:
     from xbridge.environments import configured
 
     for _python in dict.fromkeys([sys.executable, *(env.python for env in configured().values())]):
-        _WARM.append(subprocess.Popen([_python, "-m", "xbridge.run.warm", os.environ["XBRIDGE_WARM_START"]],
+        _WARM.append(subprocess.Popen([_python, "-m", "xbridge.processes.warm", os.environ["XBRIDGE_WARM_START"]],
                                       cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, env=user_env()))
 

@@ -8,31 +8,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xbridge.run import warm
+from xbridge.processes import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "programs"
 FIXTURES = ROOT / "tests" / "fixtures"
 
 # Importing torch_xla or starting its runtime in the test process writes its own variables into os.environ
-# (XLA_USE_SPMD, PJRT_DEVICE, XLA_FLAGS, LIBTPU_INIT_ARGS, ...). A fresh interpreter must not inherit them: a user's
-# shell does not have them, and XLA_USE_SPMD alone adds a deprecation warning to every xla run's stderr.
+# (XLA_USE_SPMD, PJRT_DEVICE, XLA_FLAGS, LIBTPU_INIT_ARGS, ...), as does a backend configured in it (inductor's
+# TORCHINDUCTOR_VEC_ISA_OK, --dump's TORCH_COMPILE_DEBUG). A command the tests start must not inherit them: a user's
+# shell does not have them, XLA_USE_SPMD alone adds a deprecation warning to every xla run's stderr, and the warm
+# server refuses a command whose TORCH* or JAX_* variables differ from its own (xbridge/processes/warm.py).
 _FRAMEWORK_PREFIXES = ("XLA_", "PJRT_", "LIBTPU_", "TPU_", "PTXLA_", "TF_CPP_", "GRPC_", "NEURON_",
-                       "ALLOW_MULTIPLE_LIBTPU_LOAD", "ENABLE_RUNTIME_UPTIME_TELEMETRY")
-_SESSION_ENV = dict(os.environ)
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD", "ENABLE_RUNTIME_UPTIME_TELEMETRY", "TORCH", "JAX_")
+SESSION_ENV = dict(os.environ)
 
 
 def user_env() -> dict[str, str]:
     """os.environ as a user's shell would hold it: the frameworks' variables as they were when the tests began."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(_FRAMEWORK_PREFIXES)}
-    env.update({key: value for key, value in _SESSION_ENV.items() if key.startswith(_FRAMEWORK_PREFIXES)})
+    env.update({key: value for key, value in SESSION_ENV.items() if key.startswith(_FRAMEWORK_PREFIXES)})
     return env
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``xbridge ARGS`` in a process of its own, as a user would: a fork of the session's warm server of this
-    interpreter (tests/conftest.py, xbridge/run/warm.py: the frameworks imported already), or a fresh interpreter
+    interpreter (tests/conftest.py, xbridge/processes/warm.py: the frameworks imported already), or a fresh interpreter
     where none serves it (an environment that differs in what an interpreter fixes at start, e.g. PYTHONHASHSEED)."""
     full_env = {**user_env(), "XBRIDGE_DEBUG": "0", **(env or {})}
     cmd = [sys.executable, "-m", "xbridge", *args]

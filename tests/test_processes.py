@@ -211,7 +211,7 @@ def test_the_processes_die_with_a_supervisor_killed_outright():
     proc = subprocess.Popen([sys.executable, "-m", "xbridge", "run", str(PROGRAMS / "mlp.py"), "--backend", "jax-cpu",
                              "--processes", "2", "--devices", "2", "--steps", "100000"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**user_env(), "XBRIDGE_DEBUG": "0"})
+                            env={**user_env(), "XBRIDGE_DEBUG": "0", **FRESH})
     children = []
     try:
         deadline = time.monotonic() + 120
@@ -231,6 +231,11 @@ def test_the_processes_die_with_a_supervisor_killed_outright():
         assert not any(_alive(pid) for pid in children), "a process outlived its supervisor"
     finally:
         _stop(proc, *children)
+
+
+# fresh interpreters, not a warm server's forks (xbridge/processes/warm.py): these tests find the processes as the
+# supervisor's children
+FRESH = {"XBRIDGE_WARM_START": ""}
 
 
 def _child(parent, index):
@@ -268,7 +273,7 @@ def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
                              "--processes", "2", "--devices", "2", *SHARDED, "--steps", "100000",
                              "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep", "2"], cwd=ROOT,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**user_env(), "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60"})
+                            env={**user_env(), "XBRIDGE_DEBUG": "0", "XBRIDGE_DIST_TIMEOUT": "60", **FRESH})
     try:
         deadline = time.monotonic() + 300
         while not any(step >= 3 for step, _ in checkpoint.list_checkpoints(ck)):

@@ -331,7 +331,7 @@ def forward(env: Environment, argv: list[str]) -> int:
     import signal
     import threading
 
-    from .run import warm
+    from .processes import warm
 
     cmd, child_env = [env.python, "-m", "xbridge", *argv], {**os.environ, **ALONE, **handed_down()}
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled

@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from xbridge.errors import RunError
-from xbridge.processes import describe_exit, temporary_folder
+from xbridge.processes import describe_exit, temporary_folder, warm
 
 from .rpc import rebuild_error, serve
 
@@ -40,7 +40,7 @@ def last_error(path: Path) -> str:
 @dataclass
 class Worker:
     rank: int
-    process: subprocess.Popen
+    process: subprocess.Popen | warm.Process
     conn: Connection
     log: Path
     log_file: IO[str]
@@ -68,9 +68,10 @@ class SpawnedPeers:
         log = self.logs / f"rank{rank}.log"
         log_file = open(log, "w")
         env = {**os.environ, "XBRIDGE_INDUCTOR_RANK": str(rank), **temporary_folder(self.logs)}
-        process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(child.fileno())],
-                                   pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log_file,
-                                   stderr=subprocess.STDOUT, env=env)
+        cmd = [sys.executable, "-m", WORKER_MODULE, str(child.fileno())]
+        process = warm.start(cmd, env, log_file, subprocess.STDOUT, pass_fds=(child.fileno(),)) or subprocess.Popen(
+            cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            env=env)
         child.close()
         conn = Connection(parent.detach())
         conn.send({**setup, "rank": rank})

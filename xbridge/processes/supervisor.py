@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import SIGNAL_EXIT, TermSignal
+from . import warm
 from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
 from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
 from .restarts import ERROR_FILE, RESTARTS, STEPS, end_line, logged_steps
@@ -181,7 +182,7 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
     """Start the processes and wait for them (see :func:`_attempt`); process 0 writes its error line to
     ``said_file``."""
     beats = [logs / f"process{index}.beat" for index in range(count)]
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | warm.Process] = []
     try:
         started = time.time()
         temporary = temporary_folder(logs)
@@ -200,8 +201,10 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
                 err = None if index == 0 else files.enter_context(open(logs / f"process{index}.log", "wb"))
                 # each in its own process group: a Ctrl-C at the terminal reaches this supervisor alone, which
                 # passes exactly one SIGINT to each (a second one would abort the final checkpoint)
-                procs.append(subprocess.Popen([sys.executable, "-m", "xbridge", *argv], env=env, stdout=out,
-                                              stderr=err, process_group=0, preexec_fn=die_with_parent))
+                # (a warm server's fork where one is set up, xbridge/processes/warm.py: it goes when this process does)
+                cmd = [sys.executable, "-m", "xbridge", *argv]
+                procs.append(warm.start(cmd, env, out, err) or subprocess.Popen(
+                    cmd, env=env, stdout=out, stderr=err, process_group=0, preexec_fn=die_with_parent))
         failed: list[int] = []          # in the order their failures were seen
         deadline: float | None = None
         while any(p.poll() is None for p in procs):
@@ -267,7 +270,7 @@ def die_with_parent() -> None:
         pass
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
+def _kill(procs: list[subprocess.Popen | warm.Process]) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()

@@ -19,7 +19,7 @@ from typing import Any
 from ..contract import registry
 from ..environments import handed_down, locate, split_env
 from ..errors import ConfigError
-from . import warm
+from ..processes import warm
 from .record import RunRecord
 
 REFERENCE = "eager-cpu"     # the default baseline of parity and compare (--reference picks another eager target)
@@ -155,7 +155,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) -> TargetRun:
     """One target in a process of its own (a fresh interpreter, or a warm server's fork where one is set up:
-    xbridge/run/warm.py); a failure, a timeout or a kill becomes the status."""
+    xbridge/processes/warm.py); a failure, a timeout or a kill becomes the status."""
     backend = locate(target.split(":")[0]).backend
     processes = options.processes if backend.multi_process else 1
     per_process = options.devices * (options.processes // processes)      # one process: every device in it

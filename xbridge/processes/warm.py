@@ -3,7 +3,7 @@
 A fresh interpreter pays its imports before any work: torch 1.8 s, JAX 0.5 s more, a Hugging Face model's modules
 3-5 s, torch_xla 5.6 s (measured on the 2-core machine of docs/testing.md), and for a small program that is most of
 a run (an ``xbridge run`` of the HF ResNet for 6 steps: 6.1 s on eager-cpu, of which 1 s is the run). A *warm
-server* (``python -m xbridge.run.warm FOLDER MODULE...``) imports the modules named, listens on a Unix socket in
+server* (``python -m xbridge.processes.warm FOLDER MODULE...``) imports the modules named, listens on a Unix socket in
 FOLDER named for its interpreter, and answers each request by forking: the child sets the request's environment,
 folder and arguments and runs the command line as ``python -m xbridge`` would, its output going to the files the
 request names; the server reports its process id, then its exit status (negative: the signal that ended it). The
@@ -32,6 +32,7 @@ environment for its session (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -43,8 +44,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["VARIABLE", "run", "serve", "socket_path"]
+__all__ = ["VARIABLE", "Process", "run", "serve", "socket_path", "start"]
 
 VARIABLE = "XBRIDGE_WARM_START"
 # what a server imports when told nothing else: what xbridge's commands import anyway, and the Hugging Face modules
@@ -53,11 +55,11 @@ VARIABLE = "XBRIDGE_WARM_START"
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch._functorch.aot_autograd", "torch._inductor.compile_fx", "jax",
            "optax", "transformers.modeling_utils", "xbridge.cli.app", "xbridge.run.loop", "xbridge.parity.job")
 # what an interpreter, or a framework the server imported, reads once, at start or import: a request must agree with
-# the server on these. (Inductor reads TORCHINDUCTOR_CACHE_DIR at each cache access; XLA_FLAGS, TPU_*, CUDA_*, OMP_*
-# are read when a runtime starts, in the child.)
-_FIXED_AT_START = ("PYTHON", "LD_", "MALLOC_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "JAX_", "HF_",
-                   "TRANSFORMERS_")
-_READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# the server on these. Except: Inductor reads TORCHINDUCTOR_CACHE_DIR at each cache access, and xbridge's inductor
+# backend sets TORCHINDUCTOR_VEC_ISA_OK's setting on the config module itself (backends/inductor, configure); XLA_FLAGS,
+# TPU_*, CUDA_*, OMP_* are read when a runtime starts, in the child.
+_FIXED_AT_START = ("PYTHON", "LD_", "MALLOC_", "TORCH", "JAX_", "HF_", "TRANSFORMERS_")
+_READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_VEC_ISA_OK"})
 
 
 def socket_path(folder: str | Path, python: str) -> Path:
@@ -73,53 +75,6 @@ def _differs(request: dict[str, str], started: dict[str, str], added: dict[str, 
     keys = {key for key in (*request, *started) if key.startswith(_FIXED_AT_START) and key not in _READ_LATER}
     return sorted(key for key in keys
                   if request.get(key) != started.get(key) and not (key in added and request.get(key) == added[key]))
-
-
-def run(cmd: list[str], env: dict[str, str], cwd: str | Path | None = None, timeout: float | None = None,
-        started: Callable[[int], None] | None = None) -> subprocess.CompletedProcess | None:
-    """``cmd`` (``[PYTHON, "-m", "xbridge", ARGS...]``) forked from a warm server of PYTHON, as
-    ``subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)`` would run it; None
-    where no server serves it (none running, another command, an environment that differs in what is fixed at
-    start). Raises ``subprocess.TimeoutExpired`` as subprocess.run does, the child killed. ``started`` is called
-    with the child's process id once it runs (to pass signals on)."""
-    folder = env.get(VARIABLE) or os.environ.get(VARIABLE)
-    if not folder or len(cmd) < 3 or cmd[1:3] != ["-m", "xbridge"]:
-        return None
-    path = socket_path(folder, cmd[0])
-    if not path.exists():
-        return None
-    with tempfile.TemporaryDirectory(prefix="xbridge-warm-") as tmp:
-        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        request = {"argv": cmd[3:], "env": env, "cwd": os.path.abspath(cwd or os.getcwd()), "stdout": str(out),
-                   "stderr": str(err)}
-        try:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(str(path))
-        except OSError:     # a server that has gone: a fresh interpreter instead
-            return None
-        with conn:
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            reader = _Lines(conn)
-            first = reader.next(None)
-            if not first or "pid" not in first:     # refused (what is fixed at start differs) or gone
-                return None
-            try:
-                if started is not None:
-                    started(first["pid"])
-                ended = reader.next(timeout)
-                timed_out = ended is None
-                if timed_out:
-                    _kill(first["pid"])
-                    ended = reader.next(None)
-            except BaseException:       # interrupted here: the child goes too, as subprocess.run's would
-                _kill(first["pid"])
-                raise
-        ended = ended or {"returncode": -signal.SIGKILL}    # the server went before its child
-        stdout = out.read_text(errors="replace") if out.exists() else ""
-        stderr = err.read_text(errors="replace") if err.exists() else ""
-    if timed_out:
-        raise subprocess.TimeoutExpired(cmd, timeout or 0.0, output=stdout, stderr=stderr)
-    return subprocess.CompletedProcess(cmd, ended["returncode"], stdout, stderr)
 
 
 class _Lines:
@@ -141,9 +96,115 @@ class _Lines:
         return json.loads(line)
 
 
-def _kill(pid: int) -> None:
+class Process:
+    """A child a server started: as much of ``subprocess.Popen`` as a supervisor needs (poll, wait, signals)."""
+
+    def __init__(self, args: list[str], pid: int, conn: socket.socket, reader: _Lines) -> None:
+        self.args, self.pid = args, pid
+        self.returncode: Any = None      # typed as Popen's: None until it ended, then the exit status
+        self._conn, self._reader = conn, reader
+
+    def poll(self) -> int | None:
+        return self.returncode if self.returncode is not None else self._ended(self._reader.next(0))
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.returncode if self.returncode is not None else self._ended(self._reader.next(timeout))
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            _kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _ended(self, message: dict | None) -> int | None:
+        if message is None:
+            return None
+        self.returncode = int(message.get("returncode", -signal.SIGKILL))    # {}: the server went before its child
+        self._conn.close()
+        return self.returncode
+
+
+def start(cmd: list[str], env: dict[str, str], stdout: Any = None, stderr: Any = None,
+          cwd: str | Path | None = None, pass_fds: tuple[int, ...] = ()) -> Process | None:
+    """``cmd`` (``[PYTHON, "-m", MODULE, ARGS...]``) forked from a warm server of PYTHON, its output going to
+    ``stdout`` and ``stderr`` (files or descriptors; None: this process's own; ``subprocess.STDOUT``: with stdout)
+    and the descriptors ``pass_fds`` open in it under the same numbers, as ``subprocess.Popen`` would start it;
+    None where no server serves it (none running, not a ``-m`` command, an environment that differs in what is
+    fixed at start). The child is killed when this process closes the connection or ends, however it ends."""
+    folder = env.get(VARIABLE) or os.environ.get(VARIABLE)
+    if not folder or len(cmd) < 3 or cmd[1] != "-m":
+        return None
+    path = socket_path(folder, cmd[0])
+    if not path.exists():
+        return None
+    out = _descriptor(stdout, 1)
+    err = out if stderr is subprocess.STDOUT else _descriptor(stderr, 2)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        os.kill(pid, signal.SIGKILL)
+        conn.connect(str(path))
+        request = {"module": cmd[2], "argv": cmd[3:], "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
+                   "fds": list(pass_fds)}
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out, err, *pass_fds])
+        reader = _Lines(conn)
+        first = reader.next(None)
+    except OSError:     # a server that has gone: a fresh interpreter instead
+        conn.close()
+        return None
+    if not first or "pid" not in first:     # refused (what is fixed at start differs) or gone
+        conn.close()
+        return None
+    return Process(cmd, first["pid"], conn, reader)
+
+
+def _descriptor(stream: Any, default: int) -> int:
+    if stream is None:
+        return default
+    if isinstance(stream, int):
+        return stream
+    stream.flush()
+    return int(stream.fileno())
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: str | Path | None = None, timeout: float | None = None,
+        started: Callable[[int], None] | None = None) -> subprocess.CompletedProcess | None:
+    """:func:`start`, waiting, as ``subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
+    timeout=timeout)`` would run it (``subprocess.TimeoutExpired`` raised after the child is killed); None where no
+    server serves it. ``started`` is called with the child's process id once it runs (to pass signals on)."""
+    with tempfile.TemporaryDirectory(prefix="xbridge-warm-") as tmp:
+        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = start(cmd, env, out, err, cwd)
+        if proc is None:
+            return None
+        timed_out = False
+        try:
+            if started is not None:
+                started(proc.pid)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                proc.kill()
+                proc.wait()
+        except BaseException:       # interrupted here: the child goes too, as subprocess.run's would
+            proc.kill()
+            raise
+        stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout or 0.0, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(cmd, proc.returncode or 0, stdout, stderr)
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
@@ -169,12 +230,15 @@ def serve(folder: Path, modules: list[str]) -> None:
     waiting: dict[int, socket.socket] = {}    # child pid -> the connection its exit status goes to
     try:
         while os.getppid() == parent and path.exists():
-            ready = select.select([listener], [], [], 0.05)[0]
-            if ready:
-                conn = listener.accept()[0]
-                pid = _answer(conn, listener, started_env, added, waiting)
-                if pid is not None:
-                    waiting[pid] = conn
+            watched = [conn for conn in waiting.values() if conn.fileno() >= 0]
+            for ready in select.select([listener, *watched], [], [], 0.05)[0]:
+                if ready is listener:
+                    conn = listener.accept()[0]
+                    pid = _answer(conn, listener, started_env, added, waiting)
+                    if pid is not None:
+                        waiting[pid] = conn
+                else:       # the client went (it sends nothing after its request): its child goes too
+                    _client_gone(ready, waiting)
             _reap(waiting)
     finally:
         for pid in waiting:
@@ -184,18 +248,40 @@ def serve(folder: Path, modules: list[str]) -> None:
             path.unlink()
 
 
+def _client_gone(conn: socket.socket, waiting: dict[int, socket.socket]) -> None:
+    try:
+        gone = not conn.recv(1 << 12)
+    except OSError:
+        gone = True
+    if gone:
+        for pid, held in waiting.items():
+            if held is conn:
+                _kill(pid)
+        conn.close()
+
+
 def _answer(conn: socket.socket, listener: socket.socket, started_env: dict[str, str], added: dict[str, str],
             waiting: dict[int, socket.socket]) -> int | None:
     conn.settimeout(10)
+    fds: list[int] = []
     try:
-        request = json.loads(conn.makefile("rb").readline() or b"{}")
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 16)
+        while data and not data.endswith(b"\n"):
+            more = conn.recv(1 << 16)
+            if not more:
+                break
+            data += more
+        request = json.loads(data or b"{}")
     except (OSError, ValueError):
-        conn.close()
-        return None
-    differs = _differs(request["env"], started_env, added) if request else ["no request"]
+        request = {}
+    conn.settimeout(None)
+    complete = request and len(fds) == 2 + len(request.get("fds", []))
+    differs = _differs(request["env"], started_env, added) if complete else ["no request"]
     if differs:
         _send(conn, {"refused": f"differs in what an interpreter fixes at start: {', '.join(differs)}"})
         conn.close()
+        for fd in fds:
+            os.close(fd)
         return None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -205,7 +291,9 @@ def _answer(conn: socket.socket, listener: socket.socket, started_env: dict[str,
         for other in waiting.values():
             other.close()
         conn.close()
-        _child(request, added)
+        _child(request, added, fds)
+    for fd in fds:
+        os.close(fd)
     _send(conn, {"pid": pid})
     return pid
 
@@ -226,35 +314,43 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
         if pid == 0:
             return
         conn = waiting.pop(pid, None)
-        if conn is not None:
+        if conn is not None and conn.fileno() >= 0:
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             _send(conn, {"returncode": code})
             conn.close()
 
 
-def _child(request: dict, added: dict[str, str]) -> None:
-    """Become ``python -m xbridge ARGV`` in the request's environment and folder; never returns."""
+def _child(request: dict, added: dict[str, str], fds: list[int]) -> None:
+    """Become ``python -m MODULE ARGV`` in the request's environment and folder, with its output and descriptors;
+    never returns."""
+    import runpy
+
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.setpgid(0, 0)        # as a fresh process of its own: a signal to the server's group does not reach it
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
-        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in fds]      # clear of every number asked for
+        for fd in fds:
+            os.close(fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, number in zip(high, [1, 2, *request["fds"]], strict=True):
+            os.dup2(fd, number)     # inheritable, as Popen's pass_fds leaves them
+        for fd in high:
+            os.close(fd)
         os.environ.clear()
         os.environ.update({**added, **request["env"]})     # as the imports would have set them
+        tempfile.tempdir = None     # the server's imports asked for it once: found again from this TMPDIR
         os.chdir(request["cwd"])
         sys.path[0] = request["cwd"]       # as `python -m` puts the current folder first
         sys.argv = [sys.argv[0], *request["argv"]]
-        from xbridge.cli import main
-
         try:
-            main(list(request["argv"]))
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
         except BaseException:       # noqa: BLE001 (as the interpreter does: the traceback, exit 1)
             import traceback
 
