@@ -46,9 +46,11 @@ if not _WORKER and "XBRIDGE_WARM_START" not in os.environ:
     from xbridge.environments import configured
 
     for _python in dict.fromkeys([sys.executable, *(env.python for env in configured().values())]):
+        # the server says on stderr which commands it refused, and why: XBRIDGE_TEST_WARM_LOG=FILE keeps that
+        log = open(os.environ.get("XBRIDGE_TEST_WARM_LOG") or os.devnull, "a")
         _WARM.append(subprocess.Popen([_python, "-m", "xbridge.processes.warm", os.environ["XBRIDGE_WARM_START"]],
-                                      cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, env=user_env()))
+                                      cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                      env=user_env()))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..contract.checks import Finding
 from ..environments import ALONE, Environment, handed_down
+from ..processes import warm
 from .record import TargetCheck
 
 
@@ -20,8 +21,9 @@ def check_there(env: Environment, program_path: str, targets: dict[str, str], fl
     cmd = [env.python, "-m", "xbridge", "check", program_path, "--backends", ",".join(targets.values()), *flags,
            "--format", "json"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, **ALONE, **handed_down(), "XBRIDGE_DEBUG": "0"})
+        env_there = {**os.environ, **ALONE, **handed_down(), "XBRIDGE_DEBUG": "0"}
+        proc = warm.run(cmd, env_there, timeout=timeout_s) or subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env_there)
         rows: list[dict[str, Any]] = json.loads(proc.stdout)["targets"] if proc.returncode == 0 else []
         failure = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..aot.record import TRAIN
 from ..errors import ConfigError
+from ..processes import warm
 from ..run.isolated import ChildOptions
 
 
@@ -83,12 +84,14 @@ def compile_command(program_ref: str, entry: str, topology: str, options: ChildO
 
 
 def estimate(program_ref: str, entry: str, topology: str, options: ChildOptions, out: Path) -> EstimateRow:
-    """``xbridge compile`` for ``entry`` in a fresh interpreter (its libtpu settings stay in it)."""
+    """``xbridge compile`` for ``entry`` in a process of its own (its libtpu settings stay in it): a fresh
+    interpreter, or a warm server's fork (xbridge/processes/warm.py)."""
     cmd = compile_command(program_ref, entry, topology, options, out / entry)
     row = EstimateRow(entry, topology, cmd, "ok")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s,
-                              env={**os.environ, "XBRIDGE_DEBUG": "0"})
+        env = {**os.environ, "XBRIDGE_DEBUG": "0"}
+        proc = warm.run(cmd, env, timeout=options.timeout_s) or subprocess.run(
+            cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env)
     except subprocess.TimeoutExpired:
         row.status, row.error = "timeout", f"no result after {options.timeout_s:g} s"
         return row

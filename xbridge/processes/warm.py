@@ -278,7 +278,10 @@ def _answer(conn: socket.socket, listener: socket.socket, started_env: dict[str,
     complete = request and len(fds) == 2 + len(request.get("fds", []))
     differs = _differs(request["env"], started_env, added) if complete else ["no request"]
     if differs:
-        _send(conn, {"refused": f"differs in what an interpreter fixes at start: {', '.join(differs)}"})
+        reason = f"differs in what an interpreter fixes at start: {', '.join(differs)}"
+        print(f"refused {request.get('module')} {' '.join(request.get('argv', [])[:2])}: {reason}", file=sys.stderr,
+              flush=True)
+        _send(conn, {"refused": reason})
         conn.close()
         for fd in fds:
             os.close(fd)
