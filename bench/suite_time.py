@@ -3,7 +3,8 @@
     .venv/bin/python -m pytest --junitxml=/tmp/suite.xml              # (make test writes none by itself)
     .venv/bin/python bench/suite_time.py /tmp/suite.xml [--top 10] [--out bench/results/suite/after.json]
     .venv/bin/python bench/suite_time.py AFTER.xml --before BEFORE.xml --top 10
-    .venv/bin/python bench/suite_time.py FULL.xml --durations tests/durations.json     # after a full serial run
+    .venv/bin/python bench/suite_time.py FULL.xml --durations tests/durations.json     # after a full run
+    XBRIDGE_TEST_JUNIT=/tmp/run make test; .venv/bin/python bench/suite_time.py /tmp/run-*.xml --durations ...
 
 Prints the total, the time per file (tests, seconds, share) and the N slowest tests; with --before, each of the
 before run's N slowest tests beside its time after (or "gone": its behaviour moved to the test named in its
@@ -51,18 +52,18 @@ def per_file(cases: dict[str, dict]) -> list[tuple[str, int, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("xml", type=Path)
+    parser.add_argument("xml", type=Path, nargs="+", help="one run's JUnit XML files (make test writes one a phase)")
     parser.add_argument("--before", type=Path, help="an earlier run's JUnit XML, compared test by test")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--durations", type=Path, help="write {test id: seconds} here (tests/durations.json)")
     args = parser.parse_args()
-    cases = read(args.xml)
+    cases = {name: case for path in args.xml for name, case in read(path).items()}
     total = sum(c["s"] for c in cases.values())
     outcomes: dict[str, int] = defaultdict(int)
     for case in cases.values():
         outcomes[case["outcome"]] += 1
-    print(f"{args.xml}: {len(cases)} tests, {total:.0f} s ({total / 60:.1f} min) in the tests; "
+    print(f"{' '.join(map(str, args.xml))}: {len(cases)} tests, {total:.0f} s ({total / 60:.1f} min) in the tests; "
           + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())))
     print(f"\n{'file':44s} {'tests':>5s} {'s':>7s} {'share':>6s}")
     files = per_file(cases)
@@ -72,7 +73,8 @@ def main() -> None:
     print(f"\nthe {args.top} slowest tests")
     for name, case in slowest:
         print(f"{case['s']:7.1f}  {name}")
-    result: dict = {"machine": describe(), "xml": str(args.xml), "tests": len(cases), "total_s": round(total, 1),
+    result: dict = {"machine": describe(), "xml": [str(path) for path in args.xml], "tests": len(cases),
+                    "total_s": round(total, 1),
                     "outcomes": dict(outcomes),
                     "files": [{"file": f, "tests": n, "s": round(s, 1)} for f, n, s in files],
                     "slowest": [{"test": n, "s": round(c["s"], 1)} for n, c in slowest]}
