@@ -16,9 +16,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import SIGNAL_EXIT, TermSignal
-from . import warm
 from .heartbeat import HEARTBEAT, TIMEOUT, timeout_s
 from .job import CHILD, COORDINATOR, COUNT, INDEX, this_process
 from .restarts import ERROR_FILE, RESTARTS, STEPS, end_line, logged_steps
@@ -182,6 +182,8 @@ def _watch(count: int, argv: list[str], extra_env: dict[str, str], address: str,
     """Start the processes and wait for them (see :func:`_attempt`); process 0 writes its error line to
     ``said_file``."""
     beats = [logs / f"process{index}.beat" for index in range(count)]
+    from . import warm  # here, not at the top: the package's import would load it before `python -m` runs it
+
     procs: list[subprocess.Popen | warm.Process] = []
     try:
         started = time.time()
@@ -270,7 +272,7 @@ def die_with_parent() -> None:
         pass
 
 
-def _kill(procs: list[subprocess.Popen | warm.Process]) -> None:
+def _kill(procs: list[Any]) -> None:      # subprocess.Popen or warm.Process
     for p in procs:
         if p.poll() is None:
             p.kill()

@@ -56,10 +56,13 @@ PRELOAD = ("numpy", "torch", "torch._dynamo", "torch._functorch.aot_autograd", "
            "optax", "transformers.modeling_utils", "xbridge.cli.app", "xbridge.run.loop", "xbridge.parity.job")
 # what an interpreter, or a framework the server imported, reads once, at start or import: a request must agree with
 # the server on these. Except: Inductor reads TORCHINDUCTOR_CACHE_DIR at each cache access, and xbridge's inductor
-# backend sets TORCHINDUCTOR_VEC_ISA_OK's setting on the config module itself (backends/inductor, configure); XLA_FLAGS,
+# backend sets TORCHINDUCTOR_VEC_ISA_OK's setting on the config module itself (backends/inductor, configure), a job's
+# coordinates are read when its process joins; XLA_FLAGS,
 # TPU_*, CUDA_*, OMP_* are read when a runtime starts, in the child.
 _FIXED_AT_START = ("PYTHON", "LD_", "MALLOC_", "TORCH", "JAX_", "HF_", "TRANSFORMERS_")
-_READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_VEC_ISA_OK"})
+_READ_LATER = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_VEC_ISA_OK",
+                         # a job's place, read when the process joins it (xbridge/processes/job.py), not by JAX's import
+                         "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"})
 
 
 def socket_path(folder: str | Path, python: str) -> Path:
