@@ -47,10 +47,10 @@ if not _WORKER and "XBRIDGE_WARM_START" not in os.environ:
 
     for _python in dict.fromkeys([sys.executable, *(env.python for env in configured().values())]):
         # the server says on stderr which commands it refused, and why: XBRIDGE_TEST_WARM_LOG=FILE keeps that
-        log = open(os.environ.get("XBRIDGE_TEST_WARM_LOG") or os.devnull, "a")
-        _WARM.append(subprocess.Popen([_python, "-m", "xbridge.processes.warm", os.environ["XBRIDGE_WARM_START"]],
-                                      cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                      env=user_env()))
+        with open(os.environ.get("XBRIDGE_TEST_WARM_LOG") or os.devnull, "a") as _log:
+            _WARM.append(subprocess.Popen([_python, "-m", "xbridge.processes.warm", os.environ["XBRIDGE_WARM_START"]],
+                                          cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=_log,
+                                          env=user_env()))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -58,6 +58,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(os.environ["XBRIDGE_CACHE_DIR"], ignore_errors=True)
     for server in _WARM:
         server.terminate()
+    for server in _WARM:
+        server.wait(timeout=30)
     if _WARM:
         shutil.rmtree(os.environ["XBRIDGE_WARM_START"], ignore_errors=True)
 

@@ -1,13 +1,16 @@
-"""Warm starts: ``xbridge ARGS`` as a fork of an interpreter that has imported the frameworks already.
+"""Warm starts: ``python -m MODULE ARGS`` (``xbridge``, inductor's rank worker) as a fork of an interpreter that has
+imported the frameworks already.
 
 A fresh interpreter pays its imports before any work: torch 1.8 s, JAX 0.5 s more, a Hugging Face model's modules
 3-5 s, torch_xla 5.6 s (measured on the 2-core machine of docs/testing.md), and for a small program that is most of
-a run (an ``xbridge run`` of the HF ResNet for 6 steps: 6.1 s on eager-cpu, of which 1 s is the run). A *warm
-server* (``python -m xbridge.processes.warm FOLDER MODULE...``) imports the modules named, listens on a Unix socket in
-FOLDER named for its interpreter, and answers each request by forking: the child sets the request's environment,
-folder and arguments and runs the command line as ``python -m xbridge`` would, its output going to the files the
-request names; the server reports its process id, then its exit status (negative: the signal that ended it). The
-same run forked warm took 0.97 s (eager), 4.4 s (inductor, from 11.0) and 1.4 s (jax, from 7.6).
+a run. A *warm server* (``python -m xbridge.processes.warm FOLDER [MODULE...]``) imports the modules named (or
+:data:`PRELOAD`), listens on a Unix socket in FOLDER named for its interpreter, and answers each request by forking:
+the child takes the request's environment, folder, arguments and file descriptors (its stdout and stderr, and any
+other it is to keep: passed over the socket) and runs the module as ``python -m`` would; the server reports its
+process id, then its exit status (negative: the signal that ended it), and kills it if the client goes first (as
+``PR_SET_PDEATHSIG`` would: no process outlives the command that started it). A 6-step ``xbridge run`` of an HF
+ResNet: 1.08 s warm against 5.57 s fresh on eager-cpu, 3.58 against 9.00 on inductor-cpu, 2.03 against 6.79 on
+jax-cpu, 4.45 against 9.76 on xla-cpu (bench/warm_start.py).
 
 What a fork shares with a fresh interpreter and what it does not:
 - nothing of a compiler's runtime is started in the server: it imports and never computes (no JAX backend, no
@@ -15,20 +18,22 @@ What a fork shares with a fresh interpreter and what it does not:
   its own device counts and flags as a fresh process does;
 - torchax is not imported there: importing it changes ``torch.accelerator`` for the process, and Dynamo then fails
   (the jax backend corrects that when it loads torchax, xbridge/backends/jaxjit/patches.py);
-- what an interpreter reads once at start or import (``PYTHON*`` and ``LD_*`` variables, the ``TORCH_``,
-  ``TORCHINDUCTOR_``, ``JAX_`` and ``HF_`` variables of the modules imported) is the server's: a request whose value
+- what an interpreter reads once at start or import (``PYTHON*`` and ``LD_*`` variables, the ``TORCH*``, ``JAX_``
+  and ``HF_`` variables of the modules imported) is the server's: a request whose value
   of one of them differs from the server's is not served (:func:`run` returns None, and the caller starts a fresh
   interpreter); what the imports set in the server's environment (torch's default cache folder, libtpu's path) is
   set in the child's where the request does not set it, as a fresh interpreter's imports would;
 - at its end the child runs the exit handlers and waits for its threads, as an interpreter does before it exits.
 
-Who uses it: :func:`run` is how parity's and compare's targets start (xbridge/run/isolated.py), how a command
-forwarded to another environment starts there (xbridge/environments.py), and how the test suite starts ``xbridge``
-(tests/helpers.py), wherever ``XBRIDGE_WARM_START`` names a folder where a server for the interpreter listens; with
-none (the default) every command starts a fresh interpreter. The figures a run reports are measured inside it
-(compile and step times, memory: a fork's peak resident set counts the pages it shares with the server, as a fresh
-process counts the same modules), so compare's table does not change with it. The test suite starts one server per
-environment for its session (tests/conftest.py)."""
+Who uses it: :func:`run` and :func:`start` are how parity's and compare's targets start (xbridge/run/isolated.py),
+the processes of ``--processes N`` (xbridge/processes/supervisor.py), inductor's ranks (backends/inductor/peers.py),
+a command forwarded to or checked in another environment (xbridge/environments.py, xbridge/check/elsewhere.py) and
+compare's TPU estimates, and how the test suite starts ``xbridge`` (tests/helpers.py), wherever
+``XBRIDGE_WARM_START`` names a folder where a server for the interpreter listens; with none (the default) each
+starts a fresh interpreter. The figures a run reports are measured inside it (compile and step times; memory: a
+fork's peak resident set counts the pages it shares with the server, as a fresh process counts the same modules),
+so compare's table does not change with it. The test suite starts one server per environment for its session
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -141,7 +146,7 @@ def start(cmd: list[str], env: dict[str, str], stdout: Any = None, stderr: Any =
     and the descriptors ``pass_fds`` open in it under the same numbers, as ``subprocess.Popen`` would start it;
     None where no server serves it (none running, not a ``-m`` command, an environment that differs in what is
     fixed at start). The child is killed when this process closes the connection or ends, however it ends."""
-    folder = env.get(VARIABLE) or os.environ.get(VARIABLE)
+    folder = env[VARIABLE] if VARIABLE in env else os.environ.get(VARIABLE)     # set empty: off
     if not folder or len(cmd) < 3 or cmd[1] != "-m":
         return None
     path = socket_path(folder, cmd[0])
