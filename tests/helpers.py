@@ -38,8 +38,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     where none serves it (an environment that differs in what an interpreter fixes at start, e.g. PYTHONHASHSEED)."""
     full_env = {**user_env(), "XBRIDGE_DEBUG": "0", **(env or {})}
     cmd = [sys.executable, "-m", "xbridge", *args]
-    return (warm.run(cmd, full_env, cwd=cwd or ROOT, timeout=timeout)
-            or subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout))
+    return warm.capture(cmd, full_env, cwd=cwd or ROOT, timeout=timeout)
 
 
 def xbridge_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -20,8 +20,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from typing import Any
 from .contract import registry
 from .contract.backend import Backend, Target
 from .errors import BackendUnavailable, ConfigError, RunError
+from .processes import warm
 
 VARIABLE = "XBRIDGE_ENVIRONMENTS"
 HERE = "here"                   # the interpreter running this xbridge (a reserved name)
@@ -326,33 +329,26 @@ def forward(env: Environment, argv: list[str]) -> int:
     """Run ``xbridge ARGV`` in ``env`` (its interpreter), this process waiting: its output is this command's output
     and its exit code this command's. The child has a process group of its own, so that Ctrl-C (SIGINT) and SIGTERM
     reach it once, passed on by this process (a terminal's Ctrl-C would otherwise reach it twice), which waits for it
-    to stop. Where this process's stdout or stderr is not a file (the CLI called
-    in-process, its streams captured), the child's output is read and written there."""
-    import signal
-    import threading
-
-    from .processes import warm
-
+    to stop (a warm server's fork where one serves it: xbridge/processes/warm.py). Where this process's stdout or
+    stderr is not a file (the CLI called in-process, its streams captured), the child's output is written there."""
     cmd, child_env = [env.python, "-m", "xbridge", *argv], {**os.environ, **ALONE, **handed_down()}
     main = threading.current_thread() is threading.main_thread()     # only there can signals be handled
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     child: list[int] = []
 
     def pass_on(signum: int, _frame: Any) -> None:
-        for pid in child:
-            with contextlib.suppress(ProcessLookupError):   # ended already
-                os.kill(pid, signum)
+        with contextlib.suppress(ProcessLookupError, IndexError):   # ended already, or not started
+            os.kill(child[0], signum)
 
     try:
         for sig in previous:
             signal.signal(sig, pass_on)
-        done = warm.run(cmd, child_env, started=child.append)    # a warm server's fork (none: a fresh interpreter)
+        done = warm.run(cmd, child_env, started=child.append)
         if done is None:
-            piped = [_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr)]
-            proc = subprocess.Popen(cmd, env=child_env, stdout=piped[0], stderr=piped[1], text=True, process_group=0)
+            out, err = (_pipe_unless_file(stream) for stream in (sys.stdout, sys.stderr))
+            proc = subprocess.Popen(cmd, env=child_env, stdout=out, stderr=err, text=True, process_group=0)
             child.append(proc.pid)
-            out, err = proc.communicate()
-            done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            done = subprocess.CompletedProcess(cmd, proc.returncode, *proc.communicate())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -22,8 +22,7 @@ def check_there(env: Environment, program_path: str, targets: dict[str, str], fl
            "--format", "json"]
     try:
         env_there = {**os.environ, **ALONE, **handed_down(), "XBRIDGE_DEBUG": "0"}
-        proc = warm.run(cmd, env_there, timeout=timeout_s) or subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=env_there)
+        proc = warm.capture(cmd, env_there, timeout=timeout_s)
         rows: list[dict[str, Any]] = json.loads(proc.stdout)["targets"] if proc.returncode == 0 else []
         failure = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:

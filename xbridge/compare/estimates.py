@@ -90,8 +90,7 @@ def estimate(program_ref: str, entry: str, topology: str, options: ChildOptions,
     row = EstimateRow(entry, topology, cmd, "ok")
     try:
         env = {**os.environ, "XBRIDGE_DEBUG": "0"}
-        proc = warm.run(cmd, env, timeout=options.timeout_s) or subprocess.run(
-            cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env)
+        proc = warm.capture(cmd, env, timeout=options.timeout_s)
     except subprocess.TimeoutExpired:
         row.status, row.error = "timeout", f"no result after {options.timeout_s:g} s"
         return row

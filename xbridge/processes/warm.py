@@ -51,7 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VARIABLE", "Process", "run", "serve", "socket_path", "start"]
+__all__ = ["VARIABLE", "Process", "capture", "run", "serve", "socket_path", "start"]
 
 VARIABLE = "XBRIDGE_WARM_START"
 # what a server imports when told nothing else: what xbridge's commands import anyway, and the Hugging Face modules
@@ -178,6 +178,14 @@ def _descriptor(stream: Any, default: int) -> int:
         return stream
     stream.flush()
     return int(stream.fileno())
+
+
+def capture(cmd: list[str], env: dict[str, str], cwd: str | Path | None = None,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, ...)``: a warm server's fork where one serves it
+    (:func:`run`), a fresh interpreter elsewhere."""
+    return run(cmd, env, cwd, timeout) or subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
+                                                         timeout=timeout)
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: str | Path | None = None, timeout: float | None = None,

@@ -164,8 +164,7 @@ def run_target(program_ref: str, target: str, options: ChildOptions, out: Path) 
     run = TargetRun(target, devices, cmd, "ok")
     env = {**os.environ, "XBRIDGE_DEBUG": "0", **handed_down()}
     try:
-        proc = warm.run(cmd, env, timeout=options.timeout_s) or subprocess.run(
-            cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env)
+        proc = warm.capture(cmd, env, timeout=options.timeout_s)
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         run.status, run.error = "timeout", f"no result after {options.timeout_s:g} s\n{_tail(stderr)}"
