@@ -77,10 +77,10 @@ def test_mlp_learns_digits(mlp_program):
 
 @pytest.mark.slow
 def test_shipped_gpt_loss_falls_clearly(gpt_program):
-    result = run(gpt_program, "eager-cpu", RunOptions(steps=40, warmup=2))
+    result = run(gpt_program, "eager-cpu", RunOptions(steps=20, warmup=2))
     losses = result.losses
     assert losses[0] == pytest.approx(np.log(256), rel=0.05)         # uniform over 256 bytes
-    assert np.mean(losses[-5:]) < 3.2                                  # measured: about 2.55 at step 40
+    assert np.mean(losses[-5:]) < 3.0          # measured 2026-12-07: 2.69 over steps 15-19 (2.55 at step 40)
 
 
 def test_gradient_accumulation_equals_one_big_batch(tiny_gpt):

@@ -112,7 +112,7 @@ def scaler_update(state: ScalerState, finite: jax.Array) -> ScalerState:
 
 
 # ---------------------------------------------------------------------- checkpoint names
-# The optimizer state crosses backends under torch.optim's per-parameter keys (xbridge/checkpoint.py):
+# The optimizer state crosses backends under torch.optim's per-parameter keys (xbridge/checkpoint/format.py):
 # AdamW ``step``/``exp_avg``/``exp_avg_sq``, SGD ``momentum_buffer`` (torch creates it on the first step).
 
 def _parts(opt: Any) -> list[Any]:

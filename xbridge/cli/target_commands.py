@@ -39,17 +39,25 @@ def target_list(backends: str | None) -> list[str] | None:
     return targets
 
 
+def _job(command: str) -> Any:
+    """The command's job module (xbridge/compare/job.py or xbridge/parity/job.py), imported when the command runs:
+    numpy and the runner stay out of the CLI's start."""
+    if command == "compare":
+        from ..compare import job
+    else:
+        from ..parity import job
+    return job
+
+
 def over_targets(command: str, program_path: str, out: Path, format: Format, **fields: Any) -> None:
     """What compare and parity share: their options (``xbridge.<command>.job.<Command>Options`` from the command's
     fields, targets from --backends), the program with the overrides, --out checked before any work, the job
     (``xbridge.<command>.job.<command>``) with a progress display, the record printed with
     ``tables.print_<command>``, and exit 1 when a target failed (compare) or did not pass (parity)."""
-    import importlib
-
     from . import tables
     from .progress import target_progress
 
-    job = importlib.import_module(f"xbridge.{command}.job")
+    job = _job(command)
     options = getattr(job, f"{command.capitalize()}Options")(targets=target_list(fields.pop("backends")), **fields)
     prog = load_with_overrides(program_path, options.precision, mesh=options.mesh, rng=options.rng,
                                remat=options.remat, attention=options.attention)

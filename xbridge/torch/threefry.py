@@ -17,10 +17,18 @@ def _i32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
+# Devices whose int32 ``>>`` shifts a negative value arithmetically (torch's own CPU and CUDA kernels, and what
+# Inductor generates for them: C++ and Triton): there a logical shift is the arithmetic one with the sign's copies
+# masked off, two operations instead of six (fewer for Inductor to lower and compile).
+_ARITHMETIC_SHIFTS = ("cpu", "cuda")
+
+
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int32 words. Only non-negative values are shifted: torch and JAX shift negative ones
-    arithmetically, torch_xla 2.9 as a division rounding toward zero (-5 >> 13 is 0 there, -1 in torch); the sign
-    bit is put back where the shift takes it."""
+    """Logical right shift of int32 words. Elsewhere (torch_xla 2.9 shifts a negative value as a division rounding
+    toward zero: -5 >> 13 is 0 there, -1 in torch) only non-negative values are shifted and the sign bit is put
+    back where the shift takes it. Both forms give the same bits."""
+    if x.device.type in _ARITHMETIC_SHIFTS:
+        return (x >> bits) & ((1 << (32 - bits)) - 1)
     return ((x & 0x7FFFFFFF) >> bits) | ((x < 0).to(torch.int32) << (31 - bits))
 
 
@@ -28,14 +36,28 @@ def _rotl(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x << bits) | _shr(x, 32 - bits)
 
 
+def _stored(x: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged, as a view: a graph compiler stores it in a buffer of its own here. Inductor (torch 2.14)
+    inlines an elementwise value into each of its users while it holds fewer than 50 distinct operations, and
+    evaluates the inlined expression once per use: a word is read two or three times a round, so lowering and code
+    generation grew exponentially with the rounds inlined (measured: one block of four rounds 11 s, two blocks 45 s
+    to over 100 s). Inductor stores the input of an as_strided (lowering.as_strided realizes it). Storing every
+    second round (with the two-operation shift) took a one-layer nn.TransformerEncoder's inductor-cpu run under
+    --rng portable from 68 s to 27 s (--rng native: 22 s; bench/portable_compile.py)."""
+    return x.as_strided(x.shape, x.stride()) if torch.compiler.is_compiling() else x
+
+
 def threefry2x32(key: tuple[int, int], c0: torch.Tensor, c1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Threefry-2x32, 20 rounds: two int32 words of output per pair of int32 counter words, for a 2-word key."""
+    """Threefry-2x32, 20 rounds: two int32 words of output per pair of int32 counter words, for a 2-word key. Under a
+    graph compiler the two words are stored after every second round (:func:`_stored`)."""
     ks = (_i32(key[0]), _i32(key[1]), _i32(key[0] ^ key[1] ^ _PARITY))
     x0, x1 = c0 + ks[0], c1 + ks[1]
     for block in range(5):
-        for bits in _ROTATIONS[block % 2]:
+        for i, bits in enumerate(_ROTATIONS[block % 2]):
             x0 = x0 + x1
             x1 = _rotl(x1, bits) ^ x0
+            if i % 2:
+                x0, x1 = _stored(x0), _stored(x1)
         x0 = x0 + ks[(block + 1) % 3]
         x1 = x1 + _i32(ks[(block + 2) % 3] + block + 1)
     return x0, x1

@@ -283,7 +283,7 @@ class TrainStep:
 
     def export_state(self, convert: Callable[[torch.Tensor], Any] = tensor_to_numpy) -> dict[str, Any]:
         """Everything besides the weights that the next step depends on, as numpy under the checkpoint names
-        (xbridge/checkpoint.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
+        (xbridge/checkpoint/format.py): ``optim/<param>/<key>`` for torch.optim's per-parameter state (floating state in
         float32; ``convert`` makes each: a full array by default), ``loop/updates`` for the schedule's count,
         ``scaler/*`` for GradScaler, ``rng/torch_cpu``."""
         names = {id(p): n for n, p in self.named_parameters()}
