@@ -234,3 +234,31 @@ def test_the_probes_change_nothing_training_then_computes():
     F.cross_entropy(fresh.model(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
     for name, param in fresh.model.named_parameters():
         np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_tf32_is_off_for_the_run_and_as_it_was_after(tiny_gpt, monkeypatch):
+    """fp32 is exact on a GPU (TF32 off, matmul precision "highest"), and those global switches are put back when the
+    run ends: a program that calls xbridge keeps its own settings (checked on torch's flags, which exist without a
+    GPU; the run itself on eager-cpu)."""
+    from xbridge.torch.executable import TorchExecutable
+    from xbridge.torch.model_setup import exact_fp32
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    try:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        restore = exact_fp32(torch.device("cuda"))
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision()) == (False, False, "highest")
+        restore()
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision()) == (True, True, "high")
+    finally:
+        torch.set_float32_matmul_precision(saved[2])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+    closed = []
+    original = TorchExecutable.close
+    monkeypatch.setattr(TorchExecutable, "close", lambda self: closed.append(self) or original(self))
+    run(tiny_gpt, "eager-cpu", RunOptions(steps=2, warmup=1))
+    assert len(closed) == 1                      # the run loop closes its executable once, last

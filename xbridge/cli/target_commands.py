@@ -43,10 +43,10 @@ def _job(command: str) -> Any:
     """The command's job module (xbridge/compare/job.py or xbridge/parity/job.py), imported when the command runs:
     numpy and the runner stay out of the CLI's start."""
     if command == "compare":
-        from ..compare import job
-    else:
-        from ..parity import job
-    return job
+        from ..compare import job as compare_job
+        return compare_job
+    from ..parity import job as parity_job
+    return parity_job
 
 
 def over_targets(command: str, program_path: str, out: Path, format: Format, **fields: Any) -> None:

@@ -71,6 +71,11 @@ class Executable(ABC):
         """The loss of one batch with the model in eval mode, no gradient and no update (``xb.Eval``)."""
         raise LoweringError(f"{type(self).__name__} cannot evaluate (the program's xb.Eval)")
 
+    def close(self) -> None:
+        """The run is over: undo what lowering changed in the process's global state (torch's TF32 switches) and let
+        go of what the executable started (other ranks). The run loop calls it once, last."""
+        return None
+
     @abstractmethod
     def state_dict(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers as full (unsharded) numpy arrays under the eager names."""

@@ -11,10 +11,11 @@ Any object with ``batch_size`` and ``batch(step, seed)`` is a source too (see :m
 
 from __future__ import annotations
 
+from ..ir.serialize import describe
 from .arrays import Arrays
 from .bundled import ByteText, Digits
 from .records import Records
-from .source import BatchCheck, DataError, describe
+from .source import BatchCheck, DataError
 from .tokens import TokenFile, write_tokens
 
 __all__ = ["Arrays", "BatchCheck", "ByteText", "DataError", "Digits", "Records", "TokenFile", "describe",

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..ir.source_checks import positive_int
 from . import fingerprint
 from .files import existing_file
 from .order import positions, record_index
-from .source import positive_int
 
 
 def _load_file(path: str, owner: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir.serialize import register
-from .source import positive_int
+from ..ir.source_checks import positive_int
 
 
 def _rng(seed: int, step: int, stream: int) -> np.random.Generator:

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..ir.source_checks import positive_int, source_name
 from .order import positions, record_index
-from .source import DataError, host_array, positive_int, source_name
+from .source import DataError, host_array
 
 
 def stack_records(records: list[Any]) -> dict[str, np.ndarray]:

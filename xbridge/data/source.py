@@ -21,13 +21,13 @@ config alone.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
+from ..ir.source_checks import source_name
 
 # The batch entry --rng portable adds to every training batch: int32 [global row index, step] per example.
 RNG_KEY = "xbridge.rng"
@@ -51,62 +51,6 @@ def host_array(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.dtype.name in WIDENED:
         return value.astype(np.float32)
     return value
-
-
-def source_name(source: Any) -> str:
-    return type(source).__qualname__
-
-
-def positive_int(value: object, what: str) -> None:
-    """The one check of a count field (batch sizes, lengths): an int >= 1, bools refused."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive int, got {value!r}")
-
-
-def check_source(source: Any, owner: str) -> None:
-    """Refuse, in one line, an object that cannot be a data source."""
-    if source is None:
-        raise ConfigError(f"{owner}: data is missing; give a data source, e.g. xb.data.TokenFile(...) or any object "
-                          "with batch_size and batch(step, seed)")
-    batch = getattr(source, "batch", None)
-    if not callable(batch):
-        raise ConfigError(f"{owner}: data {source_name(source)} has no batch(step, seed) method (a data source "
-                          "gives the global batch of a step as a dict of numpy arrays)")
-    positive_int(getattr(source, "batch_size", None), f"{owner}: data {source_name(source)} batch_size")
-
-
-def _json_ready(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def describe(source: Any) -> dict[str, Any]:
-    """The JSON form of a source in the program config: a registered IR type's fields; else the source's own
-    ``describe()``; else a dataclass's fields; else only its class and batch size (``reproducible: false``)."""
-    from ..ir import serialize
-
-    if type(source).__name__ in serialize._KINDS and dataclasses.is_dataclass(source):
-        return serialize.to_config(source)
-    own = getattr(source, "describe", None)
-    if callable(own):
-        info = own()
-        if not isinstance(info, dict):
-            raise ConfigError(f"data {source_name(source)}.describe() must return a JSON-ready dict, got "
-                              f"{type(info).__name__}")
-        for key, value in info.items():
-            if not isinstance(key, str) or not _json_ready(value):
-                raise ConfigError(f"data {source_name(source)}.describe(): field {key!r} is not JSON (type "
-                                  f"{type(value).__name__}): give numbers, strings, lists or dicts of them, an "
-                                  "array as .tolist()")
-        return {"kind": "described", "class": source_name(source), "batch_size": source.batch_size, **info}
-    if dataclasses.is_dataclass(source):
-        fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
-        if _json_ready(fields):
-            return {"kind": "described", "class": source_name(source), "fields": fields}
-    return {"kind": "opaque", "class": source_name(source), "batch_size": source.batch_size, "reproducible": False}
 
 
 def fingerprints(description: Any, where: str = "data") -> dict[str, str]:

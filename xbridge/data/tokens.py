@@ -11,10 +11,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir.serialize import register
+from ..ir.source_checks import positive_int
 from . import fingerprint
 from .bundled import _rng
 from .files import existing_file
-from .source import DataError, positive_int
+from .source import DataError
 
 TOKEN_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
 

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data.source import check_source
 from ..errors import ConfigError
 from . import serialize
 from .mesh import Mesh
 from .optim import SGD, AdamW
 from .precision import Precision, parse_precision
 from .sharding import Sharding
+from .source_checks import check_source
 
 RNG_MODES = ("native", "portable")   # StepOptions.rng
 REMAT_MODES = ("none", "full", "dots")   # StepOptions.remat

@@ -1,7 +1,9 @@
 """JSON form of the IR: every non-callable field round-trips, and the canonical JSON gives a stable hash.
 
 Each IR dataclass registers itself with :func:`register`; its JSON form is ``{"kind": ClassName, **fields}``.
-Constructors normalise lists back to tuples, so ``from_config(to_config(x)) == x``.
+Constructors normalise lists back to tuples, so ``from_config(to_config(x)) == x``. A program's data source is
+written by :func:`describe` (the registered sources of xbridge/data as their fields, a user's by its own
+``describe()`` or its dataclass fields, else opaque).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from typing import Any
 
 from ..errors import ConfigError
+from .source_checks import source_name
 
 _KINDS: dict[str, type] = {}
 
@@ -31,8 +34,6 @@ def to_config(obj: Any) -> Any:
                 continue
             value = getattr(obj, f.name)
             if f.metadata.get("data") and value is not None:
-                from ..data.source import describe
-
                 out[f.name] = describe(value)
                 continue
             out[f.name] = to_config(value)
@@ -82,3 +83,35 @@ def canonical_json(obj: Any, leave_out: tuple[str, ...] = ()) -> str:
 def config_hash(obj: Any, leave_out: tuple[str, ...] = ()) -> str:
     """First 16 hex digits of the SHA-256 of the canonical JSON: stable across processes and machines."""
     return hashlib.sha256(canonical_json(obj, leave_out).encode()).hexdigest()[:16]
+
+
+def _json_ready(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def describe(source: Any) -> dict[str, Any]:
+    """The JSON form of a source in the program config: a registered IR type's fields; else the source's own
+    ``describe()``; else a dataclass's fields; else only its class and batch size (``reproducible: false``)."""
+    if type(source).__name__ in _KINDS and dataclasses.is_dataclass(source):
+        return to_config(source)
+    own = getattr(source, "describe", None)
+    if callable(own):
+        info = own()
+        if not isinstance(info, dict):
+            raise ConfigError(f"data {source_name(source)}.describe() must return a JSON-ready dict, got "
+                              f"{type(info).__name__}")
+        for key, value in info.items():
+            if not isinstance(key, str) or not _json_ready(value):
+                raise ConfigError(f"data {source_name(source)}.describe(): field {key!r} is not JSON (type "
+                                  f"{type(value).__name__}): give numbers, strings, lists or dicts of them, an "
+                                  "array as .tolist()")
+        return {"kind": "described", "class": source_name(source), "batch_size": source.batch_size, **info}
+    if dataclasses.is_dataclass(source):
+        fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
+        if _json_ready(fields):
+            return {"kind": "described", "class": source_name(source), "fields": fields}
+    return {"kind": "opaque", "class": source_name(source), "batch_size": source.batch_size, "reproducible": False}

@@ -22,7 +22,7 @@ from ..files import write_npz
 from ..ir.program import Program
 from . import scalars
 from .evaluation import Evaluator
-from .prepare import attention_report, prepare, readable
+from .prepare import Prepared, attention_report, prepare, readable
 from .profile import ProfileSpec, summarise
 from .provenance import provenance
 from .record import RunRecord, StepRecord
@@ -130,8 +130,17 @@ def _run_here(program: Program, target_text: str, options: RunOptions, progress:
 def _run(program: Program, target_text: str, options: RunOptions, progress: Progress | None,
          weights: dict[str, np.ndarray] | None, resumed: checkpoint.Checkpoint | None,
          writer: checkpoint.Writer | None, board: scalars.Scalars | None = None) -> RunRecord:
-    start = resumed.step if resumed else 0
     prepared = prepare(program, target_text, options, weights)
+    try:
+        return _run_prepared(program, prepared, options, progress, resumed, writer, board)
+    finally:
+        prepared.executable.close()
+
+
+def _run_prepared(program: Program, prepared: Prepared, options: RunOptions, progress: Progress | None,
+                  resumed: checkpoint.Checkpoint | None, writer: checkpoint.Writer | None,
+                  board: scalars.Scalars | None) -> RunRecord:
+    start = resumed.step if resumed else 0
     from ..torch.seeding import seed_host
 
     seed_host(program.seed)     # numpy's and Python's generators, for a forward or data source that draws from them

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from ..data.source import describe, reproducible, tokens_per_example
+from ..data.source import reproducible, tokens_per_example
 from ..ir.program import Program
+from ..ir.serialize import describe
 from .record import RunSummary, StepRecord
 
 

@@ -26,8 +26,11 @@ from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval
 class TorchExecutable(TorchTrainState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device) -> None:
         self.program, self.plan, self.device = program, plan, device
-        exact_fp32(device)
+        self._restore_fp32 = exact_fp32(device)
         self._hints = hints.checker(plan.axis_sizes)
+
+    def close(self) -> None:
+        self._restore_fp32()     # TF32 as it was before this run
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Hook: place the model before its train step is built (inductor's distributed engine applies the plan)."""

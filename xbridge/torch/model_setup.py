@@ -6,6 +6,7 @@ Importing this module imports torch: the core never imports it, backends do when
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,12 +24,23 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def exact_fp32(device: torch.device) -> None:
-    """fp32 means fp32 on a GPU too: no TF32 in matmuls or convolutions (parity needs it; docs/parity.md)."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
+def exact_fp32(device: torch.device) -> Callable[[], None]:
+    """fp32 means fp32 on a GPU too: no TF32 in matmuls or convolutions (parity needs it; docs/parity.md). These are
+    the process's global switches: returns what puts them back as they were (TorchExecutable.close, when the run
+    ends), so a program that calls xbridge from its own process keeps its own settings afterwards."""
+    if device.type != "cuda":
+        return lambda: None
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+    def restore() -> None:
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+    return restore
 
 
 def build_model(program: Program, weights: dict[str, np.ndarray] | None, device: torch.device) -> torch.nn.Module:
