@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The suite as `make test` runs it (README, .ci/run), in two phases:
-#   1. every test not marked serial, on pytest-xdist workers (XBRIDGE_TEST_WORKERS, default one more than the cores,
-#      at most 4: a test waits on its subprocesses, heartbeats and kills; with 3 workers on 2 cores the machine was
-#      99% busy through phase 1, docs/testing.md);
+#   1. every test not marked serial, on pytest-xdist workers (XBRIDGE_TEST_WORKERS, default one per core, at most 4:
+#      the suite keeps a core about half busy when it runs serially, docs/testing.md);
 #   2. the tests marked serial, one at a time on an otherwise idle machine: each holds a kill or a hang against a
 #      deadline of a few seconds, which a machine loaded by a second worker can miss;
 #   3. the xla leg: in .venv-xla (torch 2.9, torch_xla 2.9), the tests marked xla_env (torch_xla in the test process)
@@ -17,7 +16,7 @@ cd "$(dirname "$0")/.."
 PY="${XBRIDGE_VENV:-.venv}/bin/python"
 XLA_PY="${XBRIDGE_XLA_VENV:-.venv-xla}/bin/python"
 SELECT="${XBRIDGE_TEST_MARKS:-not extended}"
-workers="${XBRIDGE_TEST_WORKERS:-$(( $(nproc) + 1 ))}"
+workers="${XBRIDGE_TEST_WORKERS:-$(nproc)}"
 [ "$workers" -gt 4 ] && workers=4
 
 status=0
