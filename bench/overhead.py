@@ -46,7 +46,7 @@ def child(program_path: str, backend: str, limits: dict, per_round: int, precisi
     from xbridge.program_file import load_program
     from xbridge.run.loop import RunOptions
     from xbridge.run.prepare import prepare
-    from xbridge.weights import initial_weights
+    from xbridge.torch.weights import initial_weights
 
     program = load_program(program_path)
     if precision:

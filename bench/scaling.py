@@ -26,10 +26,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "scaling"))
     args = parser.parse_args()
 
-    from xbridge.compare.flops import flops_per_step
     from xbridge.compare.job import CompareOptions, metrics_of
     from xbridge.program_file import load_program
     from xbridge.run.isolated import run_target
+    from xbridge.torch.flops import flops_per_step
 
     out = Path(args.out)
     targets = [t.strip() for t in args.backends.split(",") if t.strip()]

@@ -24,7 +24,7 @@ def test_complex_parameters_stay_complex_under_every_precision(precision):
 
     from xbridge.program_file import load_program
     from xbridge.torch.model_setup import build_model
-    from xbridge.weights import initial_weights
+    from xbridge.torch.weights import initial_weights
 
     program = load_program(FNO).replace(precision=precision)
     weights = initial_weights(program)

@@ -9,9 +9,10 @@ import torch
 
 import xbridge as xb
 from xbridge.contract import registry
+from xbridge.contract.capabilities import probes
 from xbridge.errors import BackendUnavailable, PlanError
 from xbridge.run.loop import RunOptions, run
-from xbridge.weights import initial_weights
+from xbridge.torch.weights import initial_weights
 
 
 def lower(program, devices=1):
@@ -186,7 +187,7 @@ def test_dump_writes_the_module_tree(tiny_gpt, tmp_path):
 
 
 def test_flops_per_step_is_exact_for_the_mlp(mlp_program):
-    from xbridge.compare.flops import flops_per_step
+    from xbridge.torch.flops import flops_per_step
 
     weights = 64 * 256 + 256 * 256 + 256 * 10
     batch = mlp_program.data.batch_size
@@ -222,7 +223,9 @@ def test_the_probes_change_nothing_training_then_computes():
 
     plain = three_steps(lower(program))
     probed = lower(program)
-    outputs, grads = probed.trace_modules(batch), probed.trace_gradients(batch)
+    probe = probes(probed)
+    assert probe is not None
+    outputs, grads = probe.trace_modules(batch), probe.trace_gradients(batch)
     assert list(outputs) == ["fc", "norm", "drop", "out", "<root>"]
     assert sorted(grads) == sorted(name for name, _ in probed.model.named_parameters())
     assert all(p.grad is None for p in probed.model.parameters())

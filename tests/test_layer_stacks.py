@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from xbridge.torch.layer_scan import LayerScan  # noqa: E402
 from xbridge.torch.layer_stacks import LayerStacks, StackedParams  # noqa: E402
 from xbridge.torch.train import TrainStep, batch_to_torch, build_model  # noqa: E402
-from xbridge.weights import initial_weights, tensor_to_numpy  # noqa: E402
+from xbridge.torch.weights import initial_weights, tensor_to_numpy  # noqa: E402
 
 
 class _LoopScan(LayerScan):

@@ -14,7 +14,7 @@ from helpers import ROOT, one_error_line, run_cli
 from xbridge.program_file import load_program
 from xbridge.torch.loss_split import split_losses
 from xbridge.torch.train import TrainStep, batch_to_torch, build_model
-from xbridge.weights import initial_weights
+from xbridge.torch.weights import initial_weights
 
 COUNTED = str(ROOT / "tests" / "fixtures" / "counted_loss.py")
 

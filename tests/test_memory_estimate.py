@@ -17,7 +17,7 @@ from xbridge.data.source import checked_batch
 from xbridge.program_file import load_program
 from xbridge.torch import memory_estimate, remat
 from xbridge.torch.train import batch_to_torch, build_model, split_micro
-from xbridge.weights import initial_weights
+from xbridge.torch.weights import initial_weights
 
 
 def _with_remat(program, choice):

@@ -14,7 +14,7 @@ from xbridge.contract import registry
 from xbridge.parity import noise, policy
 from xbridge.parity.record import NoiseReference, ParityCheck, ParityRecord
 from xbridge.program_file import load_program
-from xbridge.weights import initial_weights
+from xbridge.torch.weights import initial_weights
 
 FIXTURE = ROOT / "tests" / "fixtures" / "no_true_grad.py"
 TOL = policy.tolerance("fp32")

@@ -37,8 +37,9 @@ if "jaxjit" in STACKS:
                "ops_registry.all_aten_ops": ops_registry.all_aten_ops, "torchax.default_env()._ops": env._ops}
 if "xlaspmd" in STACKS:
     import torch_xla, torch_xla.experimental.scan
+    from torch_xla._internal import tpu
     OWNERS |= {"torch_xla": torch_xla, "torch_xla.experimental.scan": torch_xla.experimental.scan,
-               "torch_xla._XLAC": torch_xla._XLAC}
+               "torch_xla._XLAC": torch_xla._XLAC, "torch_xla._internal.tpu": tpu}
 CONFIGS = {"torch._inductor.config": torch._inductor.config, "torch._functorch.config": torch._functorch.config,
            "torch._dynamo.config": torch._dynamo.config}
 
@@ -115,6 +116,8 @@ if "xlaspmd" in STACKS:
     built = []
     with xlaspmd.recording_scans(built):
         inside["recording_scans"] = changes(before)
+    with xlaspmd.tpu_generation(6):
+        inside["tpu_generation"] = changes(before) + [tpu.version()]
 if "jaxjit" in STACKS:
     with jaxjit.routed_attention(lambda *a, **k: None):
         inside["routed_attention"] = changes(before)
@@ -167,6 +170,7 @@ def test_the_scoped_patches_are_put_back(checked):
                                    "torch.randint_like", "torch.randn", "torch.randn_like", "torch.randperm"]
     if "xlaspmd" in checked["stacks"]:
         assert inside["recording_scans"] == ["torch_xla._XLAC._xla_user_computation"]
+        assert inside["tpu_generation"] == ["torch_xla._internal.tpu.version", 6]
     if "jaxjit" in checked["stacks"]:
         assert len(inside["routed_attention"]) == 3 and all("._ops[" in e for e in inside["routed_attention"])
     assert checked["left"] == []

@@ -85,11 +85,11 @@ def test_a_joining_process_leaves_the_accelerator_probe_to_jax_after_the_join(mo
 
     import jax
 
-    from xbridge.aot import environment
+    from xbridge import plugin
     from xbridge.backends import jaxjit
     from xbridge.processes import job
 
-    monkeypatch.setattr(environment, "tpu_chips_on_this_machine", lambda: 4)
+    monkeypatch.setattr(plugin, "tpu_chips_on_this_machine", lambda: 4)     # as the backends see it
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))

@@ -14,6 +14,7 @@ import pytest
 
 import xbridge as xb
 from helpers import FIXTURES, one_error_line, run_cli
+from xbridge.contract.capabilities import diagnostics
 from xbridge.errors import ConfigError
 from xbridge.run.loop import RunOptions, run
 from xbridge.run.prepare import prepare
@@ -237,7 +238,7 @@ def test_jax_holds_the_scanned_layers_stacked(tmp_path, tiny_gpt):
     sharded = _gpt(tiny_gpt, 4, scan_layers=True).replace(mesh=xb.Mesh(data=-1, model=2))
     _, exe = _kernels(sharded, devices=4)
     assert exe.state["params"]["blocks.*.q.weight"].shape == (4, 32, 32)
-    assert exe.layout()["blocks.3.q.weight"]["shard_shapes"] == [[16, 32]] * 4
+    assert diagnostics(exe).layout()["blocks.3.q.weight"]["shard_shapes"] == [[16, 32]] * 4
     assert "blocks.2.up.weight" in exe.state_dict() and "blocks.*.up.weight" not in exe.state_dict()
 
     unrolled = _gpt(tiny_gpt, 4)

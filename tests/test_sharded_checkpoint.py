@@ -16,7 +16,7 @@ from xbridge import checkpoint
 from xbridge.checkpoint import shards
 from xbridge.contract import PieceWriter
 from xbridge.errors import CheckpointError
-from xbridge.weights import initial_weights
+from xbridge.torch.weights import initial_weights
 
 
 def _halves(array, index):

@@ -74,7 +74,7 @@ def test_jax_tpu_reasons_with_and_without_a_chip_and_libtpu(monkeypatch):
     """No TPU chip on the PCI bus: said without loading libtpu, with the compile route (libtpu installed) or how to
     get it; a chip but no libtpu: the install hint; a chip and libtpu but a runtime that fails: JAX's own refusal,
     first line, not a crash."""
-    from xbridge.aot import environment
+    from xbridge import plugin
     from xbridge.backends import jaxjit
 
     real = importlib.util.find_spec
@@ -86,7 +86,7 @@ def test_jax_tpu_reasons_with_and_without_a_chip_and_libtpu(monkeypatch):
     assert jaxjit.JaxBackend().device_reason("tpu") == (
         "no TPU chip on this machine's PCI bus; to compile for one here without running: pip install "
         "'xbridge[tpu-compile]' (make setup installs it)")
-    monkeypatch.setattr(environment, "tpu_chips_on_this_machine", lambda: 4)      # a TPU VM's PCI bus
+    monkeypatch.setattr(plugin, "tpu_chips_on_this_machine", lambda: 4)      # a TPU VM's PCI bus (as backends see it)
     assert jaxjit.JaxBackend().device_reason("tpu") == ("jax has no TPU runtime here (none of libtpu is installed; "
                                                         "pip install 'jax[tpu]' on a TPU VM)")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "libtpu" else real(name, *a))
@@ -129,13 +129,13 @@ def test_xla_tpu_names_its_tpu_for_the_peak_table(monkeypatch, accelerator_type,
     """xla-tpu's device kind comes from the TPU VM's accelerator type (torch_xla's get_tpu_type)."""
     from torch_xla._internal import tpu
 
-    from xbridge.backends.xlaspmd import executable
+    from xbridge.backends.xlaspmd import capabilities
 
-    monkeypatch.setattr(executable.xr, "device_type", lambda: "TPU")
+    monkeypatch.setattr(capabilities.xr, "device_type", lambda: "TPU")
     monkeypatch.setattr(tpu, "get_tpu_type", lambda: accelerator_type)
-    kind = executable.tpu_device_kind()
+    kind = capabilities.tpu_device_kind()
     assert kind == f"TPU {accelerator_type}"
     peak = peaks.known_peak(kind, "bfloat16")
     assert peak is not None and peak.flops == flops
-    monkeypatch.setattr(executable.xr, "device_type", lambda: "CPU")
-    assert executable.tpu_device_kind() is None
+    monkeypatch.setattr(capabilities.xr, "device_type", lambda: "CPU")
+    assert capabilities.tpu_device_kind() is None

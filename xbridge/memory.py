@@ -60,7 +60,7 @@ def optimizer_slots(program: Program) -> int:
 
 def estimate(program: Program, plan: ShardingPlan, batch: dict[str, Any]) -> MemoryEstimate:
     """Bytes per device for ``program`` laid out by ``plan``; ``batch`` is one batch of its data (shapes)."""
-    from .weights import meta_model
+    from .torch.weights import meta_model
 
     trainable = {name for name, p in meta_model(program).named_parameters() if p.requires_grad}
     params = sum(p.shard_bytes for p in plan.params)

@@ -16,7 +16,7 @@ from .errors import PlanError
 from .ir.precision import DTYPES
 from .ir.program import Program
 from .ir.sharding import Spec, spec_axes
-from .weights import meta_model
+from .torch.weights import meta_model
 
 
 @dataclass(frozen=True)

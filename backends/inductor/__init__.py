@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xbridge.cache import cache_dir
 from xbridge.contract import BackendOption, Executable, Target
 from xbridge.contract.checks import Finding, StepChecks
 from xbridge.errors import ConfigError
 from xbridge.ir.optim import AdamW
+from xbridge.plugin import cache_dir
 from xbridge.torch.device import TorchDeviceBackend
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from xbridge.checkpoint import shards
 from xbridge.errors import RunError
+from xbridge.plugin import shards
 from xbridge.torch.train import TrainStep, tensor_to_numpy
 
 

@@ -14,7 +14,8 @@ from torch._dynamo.utils import compilation_time_metrics, counters
 
 from xbridge.contract import CompileCache
 from xbridge.ir.program import Program
-from xbridge.planner import ShardingPlan
+from xbridge.plugin import ShardingPlan
+from xbridge.torch.capabilities import TorchDiagnostics
 from xbridge.torch.executable import TorchExecutable
 from xbridge.torch.train import TrainStep
 
@@ -43,30 +44,14 @@ def phase_seconds() -> dict[str, float]:
     return {label: float(sum(compilation_time_metrics.get(name, ()))) for name, label in PHASES.items()}
 
 
-class InductorExecutable(TorchExecutable):
-    train_step_class: type[TrainStep] = TrainStep
-    foreach = True     # the multi-tensor optimizer update: a smaller graph that compiles in a fraction of the time
+class InductorDiagnostics(TorchDiagnostics):
+    """Compilations counted by Dynamo (recompiles after warm-up, graph breaks), the compile caches' hits and the
+    compile phases since the executable was built, and what TORCH_COMPILE_DEBUG wrote."""
 
-    def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
-        super().__init__(program, plan, device)
-        self.mode = mode
+    def __init__(self, executable: TorchExecutable) -> None:
+        super().__init__(executable)
         self.warm_graphs = 0
         self._cache_start, self._seconds_start = cache_counts(), phase_seconds()
-
-    def compiler(self) -> Callable[[Callable], Callable]:
-        mode = None if self.mode == "default" else self.mode
-        return lambda fn: torch.compile(fn, mode=mode)
-
-    scanned: str | None = None     # the path of the layers made one compile region
-
-    def scan_layers(self, model: torch.nn.Module) -> bool:
-        self.scanned = layer_scan.apply(model, self.program)
-        return self.scanned is not None and self.program.step.remat != "none"    # recomputed inside the region
-
-    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
-        # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.
-        return self.train_step_class(self.program, model, self.device, on_device=True, compile=self.compiler(),
-                                     foreach=self.foreach)
 
     def recompiles(self) -> int:
         return compiled_graphs() - self.warm_graphs
@@ -86,3 +71,28 @@ class InductorExecutable(TorchExecutable):
     def dump(self, directory: Path) -> list[Path]:
         # TORCH_COMPILE_DEBUG (set by the backend's configure) wrote the FX graphs and Inductor's output code here.
         return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".py", ".txt", ".log"))
+
+
+class InductorExecutable(TorchExecutable):
+    train_step_class: type[TrainStep] = TrainStep
+    diagnostics_class: type[TorchDiagnostics] = InductorDiagnostics
+    foreach = True     # the multi-tensor optimizer update: a smaller graph that compiles in a fraction of the time
+
+    def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
+        super().__init__(program, plan, device)
+        self.mode = mode
+
+    def compiler(self) -> Callable[[Callable], Callable]:
+        mode = None if self.mode == "default" else self.mode
+        return lambda fn: torch.compile(fn, mode=mode)
+
+    scanned: str | None = None     # the path of the layers made one compile region
+
+    def scan_layers(self, model: torch.nn.Module) -> bool:
+        self.scanned = layer_scan.apply(model, self.program)
+        return self.scanned is not None and self.program.step.remat != "none"    # recomputed inside the region
+
+    def make_train_step(self, model: torch.nn.Module) -> TrainStep:
+        # lr and Adam's step count on the device (on_device): a changing schedule does not recompile the update.
+        return self.train_step_class(self.program, model, self.device, on_device=True, compile=self.compiler(),
+                                     foreach=self.foreach)

@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from xbridge.errors import RunError
-from xbridge.processes import describe_exit, temporary_folder, warm
+from xbridge.plugin import describe_exit, temporary_folder, warm
 
 from .rpc import rebuild_error, serve
 

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 
 from xbridge.errors import LoweringError
 from xbridge.ir.sharding import spec_axes
-from xbridge.planner import ShardingPlan
+from xbridge.plugin import ShardingPlan
 from xbridge.torch.train import tied_groups
 
 UNSHARDED_AXIS = "_fsdp_shard"   # the size-1 shard dimension of FSDP2's hybrid mode (parameters replicated)

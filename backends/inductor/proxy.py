@@ -15,7 +15,6 @@ its own result. Two ways to get the other ranks (peers.py):
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import math
 import os
@@ -29,23 +28,20 @@ import torch.distributed as dist
 
 from xbridge import errors
 from xbridge.contract import (
-    CompileCache,
-    Diagnostics,
     Executable,
     PieceWriter,
-    Probes,
     Profiling,
     ShardedCheckpoint,
     Target,
 )
 from xbridge.errors import LoweringError, RunError
 from xbridge.ir.program import Program
-from xbridge.planner import ShardingPlan
-from xbridge.processes import torchrun_restarts, under_torchrun
-from xbridge.program_file import source_of
+from xbridge.plugin import ShardingPlan, source_of, torchrun_restarts, under_torchrun
 
+from . import rpc
 from .peers import SpawnedPeers, TorchrunPeers, torchrun_worker
 from .placement import MeshRoles
+from .proxy_capabilities import RankDiagnosis, RankProbes
 from .rank_engine import RankEngine, device_for, process_group_backend
 from .rpc import quiet_stdout, timeout_s
 
@@ -79,9 +75,10 @@ class RankStep:
     step: int
 
 
-class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedCheckpoint):
+class DistributedExecutable(Executable, ShardedCheckpoint):
     """The Executable protocol over N processes (see the module docstring). Results are rank 0's; every rank
-    computes the same loss, and each step checks that they agree."""
+    computes the same loss, and each step checks that they agree. Its diagnostics and probes: proxy_capabilities.py;
+    its profiler: rank 0's engine's."""
 
     reads_slices = False    # the weights and state go to the ranks whole, as numpy
 
@@ -135,6 +132,7 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
             self.device = device_for(target.device, 0)
             with quiet_stdout():
                 self.engine = self._run("setup", lambda: RankEngine(program, plan, self.device, mode))
+        self.parts = (RankDiagnosis(self), RankProbes(self), self.engine.capability(Profiling))
         self.peers.replies("setup")
 
     def _run(self, call: str, local: Callable[[], Any]) -> Any:
@@ -151,11 +149,12 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
                 raise failure from exc
             raise
 
-    def _call(self, name: str, *args: Any) -> tuple[Any, list[Any]]:
+    def call(self, name: str, *args: Any) -> tuple[Any, list[Any]]:
+        """``name`` run on every rank's engine; rank 0's result and the others' replies."""
         if self._closed:
             raise RunError(f"the inductor processes were stopped; {name} cannot run")
         self.peers.send(name, args)
-        result = self._run(name, lambda: getattr(self.engine, name)(*args))
+        result = self._run(name, lambda: rpc.method(self.engine, name)(*args))
         try:
             replies = self.peers.replies(name)
         except Exception:
@@ -177,15 +176,15 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
     # ------------------------------------------------------------------ the Executable protocol
 
     def init(self, weights: dict[str, np.ndarray]) -> None:
-        self._call("init", weights)
+        self.call("init", weights)
 
     def fetch(self, source: Any, step: int, seed: int, check: Callable[[Any, int], Any]) -> Any:
         """Nothing read here: each rank reads only its own rows of the step (RankEngine.step_at)."""
         return RankStep(step)
 
     def step(self, batch: Any) -> dict[str, float]:
-        metrics, replies = (self._call("step_at", batch.step) if isinstance(batch, RankStep)
-                            else self._call("step", batch))
+        metrics, replies = (self.call("step_at", batch.step) if isinstance(batch, RankStep)
+                            else self.call("step", batch))
         for rank, loss in enumerate(replies, start=1):
             if loss != metrics["loss"] and not (math.isnan(loss) and math.isnan(metrics["loss"])):
                 raise RunError(f"inductor ranks disagree on the loss: rank 0 has {metrics['loss']!r}, rank {rank} "
@@ -193,69 +192,22 @@ class DistributedExecutable(Executable, Diagnostics, Probes, Profiling, ShardedC
         return metrics
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:
-        return self._call("evaluate", batch)[0]
+        return self.call("evaluate", batch)[0]
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return self._call("state_dict")[0]
+        return self.call("state_dict")[0]
 
     def training_state(self) -> dict[str, np.ndarray]:
-        return self._call("training_state")[0]
+        return self.call("training_state")[0]
 
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
-        self._call("load_training_state", state)
+        self.call("load_training_state", state)
 
     def piece_writer(self) -> PieceWriter | None:
         """Each rank writes its own pieces into the checkpoint's folder (backends/inductor/checkpoint_shards.py);
         one rank: None (the state is written whole)."""
         def write(tmp: Path) -> list[dict[str, Any]]:
-            first, others = self._call("write_checkpoint_part", str(tmp))
+            first, others = self.call("write_checkpoint_part", str(tmp))
             return [first, *others]
 
         return PieceWriter(write) if self.plan.devices > 1 else None
-
-    def nonfinite_grads(self) -> list[str]:
-        return self._call("nonfinite_grads")[0]
-
-    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._call("trace_modules", batch)[0]
-
-    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        return self._call("trace_gradients", batch)[0]
-
-    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        return self._call("matmul_dtypes", batch)[0]
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        return self._call("layout")[0]
-
-    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        return self._call("attention_kernels", batch)[0]
-
-    def recompiles(self) -> int:
-        return self._call("recompiles")[0]
-
-    def recompile_reasons(self) -> list[str]:
-        return self.engine.recompile_reasons()
-
-    def mark_warm(self) -> None:
-        self._call("mark_warm")
-
-    def dump(self, directory: Path) -> list[Path]:
-        return self.engine.dump(directory)
-
-    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
-        """torch.profiler in rank 0's process (rank 0's own work and its waits in the collectives); the other
-        ranks are not traced."""
-        return self.engine.profiler(directory)
-
-    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
-        return self.engine.profile_step(step)
-
-    def device_kind(self) -> str | None:
-        return self.engine.device_kind()
-
-    def device_peak_bytes(self) -> int | None:
-        return self.engine.device_peak_bytes()
-
-    def compile_cache(self) -> CompileCache | None:
-        return self.engine.compile_cache()     # rank 0's (every rank compiles the same graphs)

@@ -17,18 +17,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from xbridge import hints
-from xbridge.data import source as data_source
-from xbridge.data.source import BatchCheck
 from xbridge.errors import ConfigError, LoweringError
 from xbridge.ir.program import Program
-from xbridge.planner import ShardingPlan
-from xbridge.run.feed import Feed
-from xbridge.run.rng import rng_rows
+from xbridge.plugin import BatchCheck, Feed, ShardingPlan, data_source, hints, rng_rows
 from xbridge.torch.train import TrainStep, batch_to_torch, eval_parts, exact_fp32, per_item, tensor_to_numpy
 
 from . import checkpoint_shards
-from .executable import InductorExecutable
+from .executable import InductorDiagnostics, InductorExecutable
 from .patches import ShardedGradScaler
 from .placement import MeshRoles, apply_batch_axis, local_rows, rank_rows, tensor_parallel, to_plain
 
@@ -88,6 +83,30 @@ class DistributedTrainStep(TrainStep):
                                                      src_data_rank=None)
 
 
+class RankDiagnostics(InductorDiagnostics):
+    """The layout and the recompiles of every rank (collectives: called on every rank in the same order)."""
+
+    ex: RankEngine
+
+    def layout(self) -> dict[str, dict[str, Any]]:
+        local = {}
+        for name, param in self.ex.model.named_parameters():
+            if isinstance(param, DTensor):
+                names = param.device_mesh.mesh_dim_names or ()
+                sizes = param.device_mesh.shape   # a placement over a size-1 axis means nothing: not shown
+                spec = "(" + ", ".join(f"{n}: {p}" for n, p, k in zip(names, param.placements, sizes) if k > 1) + ")"
+                local[name] = (spec, list(param.to_local().shape))
+            else:
+                local[name] = ("replicated", list(param.shape))
+        everyone = self.ex.gather(local)
+        return {name: {"spec": spec, "shard_shapes": [rank[name][1] for rank in everyone]}
+                for name, (spec, _) in local.items()}
+
+    def recompiles(self) -> int:
+        """Compilations after warm-up, the most of any rank."""
+        return max(self.ex.gather(super().recompiles()))
+
+
 class RankEngine(InductorExecutable):
     """One rank of the distributed executable. Every method is called on every rank in the same order (the
     collectives inside them line up); results that differ by rank are gathered so that each rank returns the
@@ -95,6 +114,7 @@ class RankEngine(InductorExecutable):
     DTensor modules return replicated outputs), so the outputs are the full ones and the same on every rank."""
 
     train_step_class = DistributedTrainStep
+    diagnostics_class = RankDiagnostics
     foreach = False    # per-parameter over DTensors and FSDP2 shards: the distributed parity figures were measured so
 
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device, mode: str) -> None:
@@ -156,13 +176,13 @@ class RankEngine(InductorExecutable):
 
     def _train(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         lr = self.train_step.lr
-        with hints.activate(self._hints):
+        with hints.activate(self.hint):
             loss, norm = self.train_step(tensors)
         return {"loss": self._batch_mean(loss), "lr": lr, "grad_norm": float(norm), **self.train_step.counted()}
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> float:
         local = local_rows(batch, self.batch_parts, self.batch_index, 1)
-        with hints.activate(self._hints):
+        with hints.activate(self.hint):
             loss, count = eval_parts(self.eval_fn, self.model,
                                      batch_to_torch(local, self.device, self.program.precision), self.program,
                                      self.device.type)
@@ -193,27 +213,10 @@ class RankEngine(InductorExecutable):
 
     def write_checkpoint_part(self, tmp: str) -> dict[str, Any]:
         """This rank's pieces of a sharded checkpoint, written into the proxy's folder ``tmp`` (no gathering)."""
-        return checkpoint_shards.write_part(tmp, self.rank, self.world, self.model, self.train_step, self._gather)
+        return checkpoint_shards.write_part(tmp, self.rank, self.world, self.model, self.train_step, self.gather)
 
-    def layout(self) -> dict[str, dict[str, Any]]:
-        local = {}
-        for name, param in self.model.named_parameters():
-            if isinstance(param, DTensor):
-                names = param.device_mesh.mesh_dim_names or ()
-                sizes = param.device_mesh.shape   # a placement over a size-1 axis means nothing: not shown
-                spec = "(" + ", ".join(f"{n}: {p}" for n, p, k in zip(names, param.placements, sizes) if k > 1) + ")"
-                local[name] = (spec, list(param.to_local().shape))
-            else:
-                local[name] = ("replicated", list(param.shape))
-        everyone = self._gather(local)
-        return {name: {"spec": spec, "shard_shapes": [rank[name][1] for rank in everyone]}
-                for name, (spec, _) in local.items()}
-
-    def recompiles(self) -> int:
-        """Compilations after warm-up, the most of any rank."""
-        return max(self._gather(super().recompiles()))
-
-    def _gather(self, value: Any) -> list[Any]:
+    def gather(self, value: Any) -> list[Any]:
+        """``value`` of every rank, in rank order (a collective: every rank calls it)."""
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, value)
         return everyone

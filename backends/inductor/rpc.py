@@ -60,6 +60,14 @@ def error_message(exc: BaseException) -> tuple[str, str, str]:
     return ("error", type(exc).__name__, text.splitlines()[0] if text else repr(exc))
 
 
+def method(engine: Any, name: str) -> Callable[..., Any]:
+    """The engine's method ``name``: its own, or that of the collaborator holding it (its diagnostics, probes)."""
+    for holder in (engine, *engine.parts):
+        if hasattr(holder, name):
+            return getattr(holder, name)
+    raise AttributeError(f"{type(engine).__name__} has no method {name!r}")
+
+
 def serve(engine: Any, receive: Callable[[], Any], send: Callable[[Any], None]) -> None:
     """A worker's loop: run each call rank 0 sends on this rank's engine until it says exit. After an error the
     worker reports it and exits, so that whatever collective rank 0 waits in fails at once."""
@@ -68,7 +76,7 @@ def serve(engine: Any, receive: Callable[[], Any], send: Callable[[Any], None]) 
         if name == "exit":
             return
         try:
-            result = getattr(engine, name)(*args)
+            result = method(engine, name)(*args)
         except BaseException as exc:
             send(error_message(exc))
             import traceback

@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 def main() -> None:
     import signal
 
-    from xbridge.processes import die_with_parent
+    from xbridge.plugin import die_with_parent
 
     conn = Connection(int(sys.argv[1]))
     die_with_parent()       # the kernel kills this worker when rank 0's process ends, however it ends
@@ -31,8 +31,7 @@ def main() -> None:
         import torch.distributed as dist
 
         from xbridge.ir.program import Program
-        from xbridge.program_file import load_program
-        from xbridge.run.rng import with_rng
+        from xbridge.plugin import load_program, with_rng
 
         from .rank_engine import RankEngine, device_for, process_group_backend
         from .rpc import serve
@@ -48,7 +47,7 @@ def main() -> None:
         store = dist.TCPStore("127.0.0.1", setup["port"], setup["world"], is_master=False, timeout=timeout)
         dist.init_process_group(process_group_backend(setup["device"]), store=store, rank=rank,
                                 world_size=setup["world"], timeout=timeout)
-        from xbridge.cache import cache_dir
+        from xbridge.plugin import cache_dir
 
         from .patches import remember_isa_probes
 

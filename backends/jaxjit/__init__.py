@@ -20,8 +20,7 @@ from xbridge.errors import BackendUnavailable, ConfigError, RunError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
-    from xbridge.aot.record import CompiledProgram
-    from xbridge.aot.topology import Topology
+    from xbridge.plugin import CompiledProgram, Topology
     from xbridge.torch.op_census import Census
 
 _PLATFORM_PLUGINS = {"tpu": ("libtpu",), "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin")}
@@ -104,16 +103,16 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         if device == "cpu":
             return None
         if device == "tpu":
-            from xbridge.aot.environment import compile_note, tpu_chips_on_this_machine
+            from xbridge.plugin import compile_note, tpu_chips_on_this_machine
 
             if tpu_chips_on_this_machine() == 0:    # known without loading libtpu (which would print and wait)
                 return "no TPU chip on this machine's PCI bus" + compile_note("jax-tpu")
         if not any(importlib.util.find_spec(m) for m in _PLATFORM_PLUGINS[device]):
             return (f"jax has no {device.upper()} runtime here (none of {', '.join(_PLATFORM_PLUGINS[device])} "
                     f"is installed; {_INSTALL_HINT[device]})")
-        from xbridge import processes
+        from xbridge.plugin import is_joining
 
-        if processes.is_joining():      # jax.devices() would start the runtime, which must wait for the job
+        if is_joining():      # jax.devices() would start the runtime, which must wait for the job
             return None
         import jax
 
@@ -140,7 +139,7 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         devices talk through gloo. The global mesh then spans every process's devices."""
         import jax
 
-        from xbridge import processes as job
+        from xbridge.plugin import job
 
         found = job.environment_job()
         if found is None and processes != job.CLUSTER:
@@ -207,15 +206,13 @@ class JaxBackend(Backend, AheadOfTime, StepChecks):
         return ahead_of_time.compile_ahead(program, plan, topology, options["sharding_mode"], dump, which)
 
     def compiler_versions(self) -> dict[str, str]:
-        from xbridge.aot.environment import libtpu_version
+        from xbridge.plugin import libtpu_version
 
         return {**self.versions(), "libtpu": libtpu_version() or "(TPU_LIBRARY_PATH)"}
 
     def lower(self, program: Program, plan: ShardingPlan, target: Target, options: dict[str, str]) -> Executable:
-        from . import patches
         from .executable import JaxExecutable
 
-        patches.apply()     # torchax's autocast hook and operator table (patches.py), once per process
         return JaxExecutable(program, plan, target, options["sharding_mode"])
 
 

@@ -12,13 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from xbridge.aot import measure
-from xbridge.aot.record import EVAL, INIT, TRAIN, CompiledProgram
 from xbridge.contract import Target
-from xbridge.data.source import checked_batch
 from xbridge.errors import LoweringError
-from xbridge.run.rng import rng_rows
-from xbridge.weights import meta_model
+from xbridge.plugin import EVAL, INIT, TRAIN, CompiledProgram, checked_batch, measure, rng_rows
+from xbridge.torch.weights import meta_model
 
 from . import step_builders
 from .checkpoint_shards import abstract
@@ -26,19 +23,16 @@ from .feeding import to_jax_dtype
 from .lowering import matmul_precision
 
 if TYPE_CHECKING:
-    from xbridge.aot.topology import Topology
     from xbridge.ir.program import Program
-    from xbridge.planner import ShardingPlan
+    from xbridge.plugin import ShardingPlan, Topology
 
     from .executable import JaxExecutable
 
 
 def build(program: Program, plan: ShardingPlan, devices: list[Any], mode: str) -> JaxExecutable:
     """The executable ``run`` would build, on ``devices`` (compile-only), with abstract weights."""
-    from . import patches
     from .executable import JaxExecutable
 
-    patches.apply()
     ex = JaxExecutable(program, plan, Target("jax", "tpu"), mode, devices=devices)
     shapes = {name: abstract(value, ex.replicated) for name, value in meta_model(program).state_dict().items()}
     ex.init(shapes)

@@ -21,7 +21,8 @@ torchax lowers some torch functions before they reach aten (``F.linear``, ``F.sc
 it as ``aten.convolution``), so the aten-keyed table never sees them: :data:`FUNCTION_POLICY` adds them under torch's
 policy. Measured: without it a bf16-mixed GPT step ran every matmul in float32, and a convolution stayed float32.
 
-Both the hook and the table's additions are installed by backends/jaxjit/patches.py (``JaxBackend.lower()``).
+Both the hook and the table's additions are installed by backends/jaxjit/patches.py (applied when a
+``JaxExecutable`` is built).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from xbridge.checkpoint.shards import Sharded
+from xbridge.plugin import shards
 
 
-def held(leaf: jax.Array, dtype: Any) -> Sharded:
-    return Sharded(tuple(leaf.shape), str(np.dtype(dtype)),
+def held(leaf: jax.Array, dtype: Any) -> shards.Sharded:
+    return shards.Sharded(tuple(leaf.shape), str(np.dtype(dtype)),
                    [(tuple(s.indices(n)[0] for s, n in zip(shard.index, leaf.shape)),
                      np.asarray(shard.data).astype(dtype, copy=False))    # on CPU: a view of the device buffer
                     for shard in leaf.addressable_shards if shard.replica_id == 0])
@@ -55,6 +55,6 @@ def shape_of(leaf: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct
 
 def _numpy_dtype(dtype: Any) -> Any:
     """numpy's dtype of a numpy, jax or torch dtype, floating ones as float32 (as the host copies :func:`placed`
-    reads are: xbridge.weights.tensor_to_numpy); ``convert`` then gives the state's dtype."""
+    reads are: xbridge.torch.weights.tensor_to_numpy); ``convert`` then gives the state's dtype."""
     found = jax.numpy.dtype(str(dtype).removeprefix("torch."))
     return np.dtype(np.float32) if jax.numpy.issubdtype(found, jax.numpy.floating) else found

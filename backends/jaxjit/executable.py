@@ -7,11 +7,8 @@ sharding, so the very steps ``run`` builds are lowered and compiled without one 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -21,62 +18,29 @@ import torch
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xbridge import hints, processes
-from xbridge.cache import cache_dir
-from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
-from xbridge.data.source import checked_batch, source_name
+from xbridge.contract import Target, on_host
 from xbridge.errors import BackendUnavailable, LoweringError
-from xbridge.files import write_text
 from xbridge.ir.program import Program
 from xbridge.ir.sharding import Spec, spec_axes
-from xbridge.planner import ShardingPlan
-from xbridge.run import framework_noise
-from xbridge.run.profile import STEP_MARK
-from xbridge.run.rng import rng_rows
+from xbridge.plugin import (
+    ShardingPlan,
+    beating,
+    cache_dir,
+    checked_batch,
+    hints,
+    rng_rows,
+    source_name,
+)
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import build_model, tensor_to_numpy
 
-from . import attention, checkpoint_shards, layer_scan, ops, optimizers, remat, step_builders
+from . import attention, checkpoint_shards, layer_scan, optimizers, patches, remat, step_builders
+from .capabilities import JaxDiagnostics, JaxProbes, JaxProfiling
 from .feeding import BatchFeed, check_int32, to_jax_dtype
 from .layer_stacks import Stacks
 from .lowering import LoweredLoss, matmul_precision, sharding_hint
 from .state_io import JaxState
-
-# JAX's own compile events, counted for every executable of this process (jax.monitoring has no unregister)
-_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
-_DURATIONS = {"/jax/core/compile/jaxpr_trace_duration": "trace (torchax + jaxpr)",
-              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower to StableHLO",
-              "/jax/core/compile/backend_compile_duration": "XLA compile or cache load"}
-_counts: dict[str, float] = {}
-
-
-@contextlib.contextmanager
-def _trace(directory: Path) -> Iterator[None]:
-    """``jax.profiler.trace``, without the TraceMe lines jaxlib logs where TensorFlow is not installed."""
-    with framework_noise.native_lines_dropped():
-        jax.profiler.start_trace(str(directory))
-    try:
-        yield
-    finally:
-        with framework_noise.native_lines_dropped():
-            jax.profiler.stop_trace()
-
-
-def _count_event(event: str, **kwargs: str | int) -> None:
-    if event in _EVENTS:
-        _counts[_EVENTS[event]] = _counts.get(_EVENTS[event], 0) + 1
-
-
-def _count_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
-    if event in _DURATIONS:
-        _counts[_DURATIONS[event]] = _counts.get(_DURATIONS[event], 0.0) + duration_secs
-
-
-@functools.cache
-def _listen_once() -> None:
-    jax.monitoring.register_event_listener(_count_event)
-    jax.monitoring.register_event_duration_secs_listener(_count_duration)
 
 
 def enable_compilation_cache() -> None:
@@ -86,15 +50,17 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-class JaxExecutable(JaxState, Probes, Profiling):
+class JaxExecutable(JaxState):
+    """The program as one jitted train step over a mesh (GSPMD or shard_map); its diagnostics, probes and profiler:
+    capabilities.py."""
+
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str,
                  devices: Sequence[Any] | None = None) -> None:
+        patches.apply()     # the jax stack's patches (patches.py), applied here alone, once per process
         self.program, self.plan, self.target, self.mode = program, plan, target, mode
         self.abstract = devices is not None     # compile-only devices: shapes and shardings, never arrays
         if not self.abstract:
             enable_compilation_cache()
-        _listen_once()
-        self._counts_start = dict(_counts)
         available = list(devices) if devices is not None else jax.devices(target.device)
         if len(available) < plan.devices:
             raise BackendUnavailable(f"target {target} has {len(available)} device(s), the plan needs {plan.devices}")
@@ -103,7 +69,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
                                       tuple(sizes))
         self.replicated = NamedSharding(self.mesh, P())
         self.traces = 0
-        self.warm_traces = 0
+        self.parts = (JaxDiagnostics(self), JaxProbes(self), JaxProfiling())
         self._eval: Any = None
         self.scaling = program.precision.loss_scale == "dynamic"
         self.tx = optimizers.direction(program.optimizer)
@@ -121,7 +87,6 @@ class JaxExecutable(JaxState, Probes, Profiling):
         model = build_model(program, None, torch.device("meta" if self.abstract else "cpu"))
         shared_remat.apply(model, program, remat.checkpoint(program.step.remat))
         self.scanner = layer_scan.apply(model, program)    # after remat: each scanned layer runs as remat wrapped it
-        ops.register()
         self.lowered = LoweredLoss(program, model)
         self.native_key = jax.random.key(training_seed(program.seed))   # --rng native: folded with each step
         self.lowered.hint = (sharding_hint(self.mesh, self.plan.axis_sizes) if self.mode == "gspmd"
@@ -270,7 +235,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
         args = (self.state["params"], self.state["buffers"], self._placed(batch))
         with matmul_precision(self.program.precision.compute):
             if first and self.processes > 1:     # as the step: compiled ahead, saying so to the supervisor
-                with processes.beating("compiling the evaluation"):
+                with beating("compiling the evaluation"):
                     self._eval.lower(*args).compile()
             return float(self._eval(*args))
 
@@ -281,7 +246,7 @@ class JaxExecutable(JaxState, Probes, Profiling):
             if self.processes > 1 and not self._compiled:
                 # compiled ahead of the call (which then finds it compiled) while saying so to the supervisor: a
                 # long first compile is not a hang, and a compile waits on no other process
-                with processes.beating("compiling the step"):
+                with beating("compiling the step"):
                     self.jitted.lower(self.state, device_batch).compile()
                 self._compiled = True
             self.state, metrics = self.jitted(self.state, device_batch)
@@ -290,84 +255,3 @@ class JaxExecutable(JaxState, Probes, Profiling):
         out = {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
         count = float(metrics["count"])     # xb.LossSum's global count (NaN: the loss is a mean)
         return out if math.isnan(count) else {**out, "count": count}
-
-    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One forward pass of the loss run op by op through torchax (not jitted), hooks on every module."""
-        from torchax import interop
-
-        from xbridge.torch.module_outputs import recording
-
-        to_numpy = lambda t: np.asarray(interop.jax_view(t).astype(jnp.float32))  # noqa: E731
-        with recording(self.lowered.module._model, to_numpy) as out, matmul_precision(self.program.precision.compute):
-            self.loss_of(self.state["params"], self.state["buffers"], self.put(batch))
-        return out
-
-    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``jax.grad`` of the lowered loss (as the step differentiates it: a custom ``autograd.Function``'s own
-        backward, the scanned layers stacked), jitted; under the eager names (the first of a tied group)."""
-        buffers, placed = self.state["buffers"], self.put(batch)
-
-        def loss(params: dict[str, Any]) -> jax.Array:
-            value, count, _ = self.loss_of(params, buffers, placed)
-            return value if count is None else value / step_builders.nonzero(count)
-
-        with matmul_precision(self.program.precision.compute):
-            grads = self._host(jax.jit(jax.grad(loss))(self.state["params"]))
-        grads = self.stacks.unstack(grads)
-        return {eager: np.asarray(grads[canonical], dtype=np.float32)
-                for canonical, eager in self._eager_names().items()}
-
-    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """The products of the loss's jaxpr (traced, never compiled): what XLA is handed, attention's two products
-        included."""
-        from .lowering import count_products
-
-        with matmul_precision(self.program.precision.compute):
-            jaxpr = jax.make_jaxpr(self.loss_of)(self.state["params"], self.state["buffers"], self.put(batch))
-        return count_products(jaxpr.jaxpr)
-
-    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """The kernel the lowering gives every ``scaled_dot_product_attention`` call (torchax's reference: matmuls,
-        a softmax that XLA fuses as it can; or JAX's cuDNN attention); the calls are counted on the meta device."""
-        from xbridge.torch.attention import meta_calls
-
-        return meta_calls(self.program, attention.KERNELS[self.program.step.attention])
-
-    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
-        """jax.profiler: ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and the
-        same trace as ``<host>.trace.json.gz`` (Chrome/Perfetto)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        return _trace(directory)
-
-    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
-        return jax.profiler.StepTraceAnnotation(STEP_MARK, step_num=step)
-
-    def device_kind(self) -> str | None:
-        return str(jax.local_devices(backend=self.target.device)[0].device_kind)
-
-    def device_peak_bytes(self) -> int | None:
-        """Peak bytes in use on the first device (None where the runtime keeps no statistics, as on CPU)."""
-        stats = jax.local_devices(backend=self.target.device)[0].memory_stats()
-        return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
-
-    def recompiles(self) -> int:
-        return self.traces - self.warm_traces
-
-    def mark_warm(self) -> None:
-        self.warm_traces = self.traces
-
-    def compile_cache(self) -> CompileCache | None:
-        delta = {k: v - self._counts_start.get(k, 0) for k, v in _counts.items()}
-        return CompileCache(int(delta.get("hits", 0)), int(delta.get("misses", 0)),
-                            "JAX persistent compilation cache",
-                            {name: round(delta[name], 3) for name in _DURATIONS.values() if delta.get(name)})
-
-    def dump(self, directory: Path) -> list[Path]:
-        directory.mkdir(parents=True, exist_ok=True)
-        with matmul_precision(self.program.precision.compute):
-            lowered = self.jitted.lower(self.state, self._last_batch)
-        stablehlo = directory / f"jax_{self.mode}_step.stablehlo.mlir"
-        write_text(stablehlo, lowered.as_text())
-        hlo = directory / f"jax_{self.mode}_step.optimized.hlo.txt"
-        write_text(hlo, lowered.compile().as_text())
-        return [stablehlo, hlo]

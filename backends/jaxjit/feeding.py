@@ -14,11 +14,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xbridge.data import source as data_source
-from xbridge.data.source import BatchCheck
 from xbridge.errors import DataError, LoweringError
 from xbridge.ir.program import Program
-from xbridge.run.rng import rng_rows
+from xbridge.plugin import BatchCheck, data_source, rng_rows
 
 
 def to_jax_dtype(array: np.ndarray, float_dtype: Any, where: str = "batch", key: str = "") -> np.ndarray:

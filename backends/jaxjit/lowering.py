@@ -22,10 +22,10 @@ import torchax
 from torchax import interop
 from torchax.tensor import OperatorNotFound
 
-from xbridge import hints
 from xbridge.errors import LoweringError, ProgramError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
+from xbridge.plugin import hints
 from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import torch_dtype
 

@@ -109,14 +109,6 @@ def torch_replacements() -> list[tuple[Any, Any]]:
             (aten._embedding_bag, embedding_bag), (aten._embedding_bag_forward_only, embedding_bag)]
 
 
-def register() -> None:
-    """The lowerings are a patch of torchax's operator table, applied with the jax stack's other patches
-    (backends/jaxjit/patches.py) by ``JaxBackend.lower()``; this applies them all (once per process)."""
-    from . import patches
-
-    patches.apply()
-
-
 def support(uses: list[OpUse]) -> dict[str, str]:
     """How torchax (with xbridge's additions) carries each aten operator (``xbridge check``): ``lowered`` (a JAX
     function in its operator table, or xbridge's; or every call of it is inside a torch function torchax lowers

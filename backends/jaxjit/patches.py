@@ -1,6 +1,7 @@
 """What the jax stack changes in torchax's private API (written for torchax 0.0.13 to 0.0.14.dev20261026;
 xbridge/torch/patches.py states the rule and holds the version guard). :func:`apply` runs from
-``JaxBackend.lower()``, once per process; :func:`undo` puts back everything it changed.
+``JaxExecutable``'s construction alone (a run, a compile-ahead), once per process; :func:`undo` puts back everything
+it changed.
 
 - autocast: ``torchax.amp.execute_policy``, the hook torchax calls to cast an operator's inputs, is replaced by
   backends/jaxjit/autocast.py's (torch.autocast's policy and state: lists, float64 left alone, the model's own

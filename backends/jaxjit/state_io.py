@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xbridge.contract import Diagnostics, Executable, MultiProcess, PieceWriter, ShardedCheckpoint
+from xbridge.contract import Executable, MultiProcess, PieceWriter, ShardedCheckpoint
 from xbridge.ir.program import Program
 
 from . import checkpoint_shards, optimizers
@@ -24,7 +24,7 @@ def _full(value: Any, dtype: Any) -> np.ndarray:
     return np.asarray(value).astype(dtype)
 
 
-class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
+class JaxState(Executable, ShardedCheckpoint, MultiProcess):
     """What JaxExecutable sets up in ``init``, read and written here."""
     program: Program
     state: dict[str, Any]
@@ -126,30 +126,17 @@ class JaxState(Executable, Diagnostics, ShardedCheckpoint, MultiProcess):
             return None
         from jax.experimental import multihost_utils
 
-        from xbridge.checkpoint.shards import Group, write_part
+        from xbridge.plugin import shards
 
-        group = Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
+        group = shards.Group(jax.process_index(), self.processes, multihost_utils.sync_global_devices)
 
         def write(folder: Path) -> list[dict[str, Any]]:
             model = self._model_state(self.stacks.unstack(self.state["params"]), self.state["buffers"],
                                       checkpoint_shards.held)
-            return [write_part(folder, group, model, self._train_state(self.state, checkpoint_shards.held))]
+            return [shards.write_part(folder, group, model, self._train_state(self.state, checkpoint_shards.held))]
 
         return PieceWriter(write, group)
-
-    def nonfinite_grads(self) -> list[str]:
-        """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
-        if self._bad_grads is None:
-            return []
-        bad = np.asarray(self._host(self._bad_grads))
-        names = self._eager_names()
-        flagged = {names[n] for n, count in zip(self.bad_grad_names, bad) if count > 0 and n in names}
-        return [n for n in self.names if n in flagged]
 
     def param_shardings(self) -> dict[str, jax.sharding.Sharding]:
         """The live sharding of every trained parameter (for tests and inspection)."""
         return {n: a.sharding for n, a in self.stacks.unstack(self.state["params"]).items()}
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        return {n: {"spec": str(a.sharding.spec), "shard_shapes": [list(s.data.shape) for s in a.addressable_shards]}
-                for n, a in self.stacks.unstack(self.state["params"]).items()}

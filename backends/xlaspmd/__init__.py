@@ -21,8 +21,7 @@ from xbridge.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
     from xbridge import Program, ShardingPlan
-    from xbridge.aot.record import CompiledProgram
-    from xbridge.aot.topology import Topology
+    from xbridge.plugin import CompiledProgram, Topology
     from xbridge.torch.op_census import Census
 
 _PJRT = {"cpu": "CPU", "tpu": "TPU"}
@@ -89,7 +88,7 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
 
     def device_reason(self, device: str) -> str | None:
         if device == "tpu" and not (any(Path(f).exists() for f in TPU_DEVICE_FILES) or os.environ.get("TPU_NAME")):
-            from xbridge.aot.environment import compile_note
+            from xbridge.plugin import compile_note
 
             return ("no TPU here (no /dev/accel* or /dev/vfio device, TPU_NAME unset): xla-tpu runs on a TPU VM"
                     + compile_note("xla-tpu"))
@@ -144,7 +143,7 @@ class XlaBackend(Backend, AheadOfTime, StepChecks):
         return ahead_of_time.compile_ahead(program, plan, topology, options["xla_mode"], dump, which)
 
     def compiler_versions(self) -> dict[str, str]:
-        from xbridge.aot.environment import libtpu_version
+        from xbridge.plugin import libtpu_version
 
         return {**self.versions(), "jax": importlib.metadata.version("jax"),
                 "libtpu": libtpu_version() or "(TPU_LIBRARY_PATH)"}

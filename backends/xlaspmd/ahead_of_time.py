@@ -39,10 +39,8 @@ from xbridge import errors
 from xbridge.errors import BackendUnavailable, ConfigError, LoweringError
 
 if TYPE_CHECKING:
-    from xbridge.aot.record import CompiledProgram
-    from xbridge.aot.topology import Topology
     from xbridge.ir.program import Program
-    from xbridge.planner import ShardingPlan
+    from xbridge.plugin import CompiledProgram, ShardingPlan, Topology
 
 _TRACE = "xbridge.backends.xlaspmd.aot_trace"
 _COMPILE = "xbridge.backends.xlaspmd.ahead_of_time"
@@ -50,7 +48,7 @@ _COMPILE = "xbridge.backends.xlaspmd.ahead_of_time"
 
 def compile_ahead(program: Program, plan: ShardingPlan, topology: Topology, mode: str, dump: Path | None,
                   which: tuple[str, ...]) -> list[CompiledProgram]:
-    from xbridge.aot.record import TRAIN, CompiledProgram
+    from xbridge.plugin import TRAIN, CompiledProgram
 
     if mode != "lazy":
         raise LoweringError(f"xbridge compile --backend xla-tpu traces the lazy mode's step (one XLA graph); "
@@ -192,7 +190,7 @@ def compile_module(name: str, text: str, devices: list[Any], dump: Path | None) 
     from jax._src.lib import _jax
     from jax._src.lib import xla_client as xc
 
-    from xbridge.aot import measure
+    from xbridge.plugin import measure
 
     start = time.perf_counter()
     bytecode, _ = to_stablehlo(text)
@@ -216,16 +214,16 @@ def compile_module(name: str, text: str, devices: list[Any], dump: Path | None) 
 
 
 def compile_all(request: dict[str, Any]) -> list[CompiledProgram]:
-    from xbridge.aot.measure import topology_devices
+    from xbridge.plugin import measure
 
     topology = request["topology"]
-    devices = topology_devices(topology)
+    devices = measure.topology_devices(topology)
     dump = Path(request["dump"]) if request["dump"] else None
     return [compile_module(name, Path(path).read_text(), devices, dump) for name, path in request["modules"].items()]
 
 
 def main(argv: list[str]) -> int:
-    from xbridge.aot.environment import prepare_process
+    from xbridge.plugin import prepare_process
 
     request_path, result_path = Path(argv[0]), Path(argv[1])
     try:

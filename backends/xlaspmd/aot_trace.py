@@ -52,16 +52,15 @@ def libtpu_init_args(generation: int) -> dict[str, str]:
     given; the user's ``LIBTPU_INIT_ARGS`` are kept, as torch_xla keeps them. This process's environment is left as
     it was."""
     import torch_xla
-    from torch_xla._internal import tpu
+
+    from . import patches
 
     saved = os.environ.get("LIBTPU_INIT_ARGS")
-    version = tpu.version
     try:
-        tpu.version = lambda: generation
-        torch_xla._setup_libtpu_flags()
+        with patches.tpu_generation(generation):
+            torch_xla._setup_libtpu_flags()
         out = {"LIBTPU_INIT_ARGS": os.environ["LIBTPU_INIT_ARGS"].strip()}
     finally:
-        tpu.version = version
         if saved is None:
             os.environ.pop("LIBTPU_INIT_ARGS", None)
         else:
@@ -73,8 +72,8 @@ def libtpu_init_args(generation: int) -> dict[str, str]:
 
 def trace(request: dict[str, Any]) -> dict[str, Any]:
     from xbridge.contract import Target
-    from xbridge.data.source import checked_batch
-    from xbridge.weights import initial_weights
+    from xbridge.plugin import checked_batch
+    from xbridge.torch.weights import initial_weights
 
     from . import XlaBackend
 

@@ -10,9 +10,7 @@ modes, and compile counts (with their causes) from torch_xla's metrics and debug
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,20 +20,19 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 
-from xbridge import hints
-from xbridge.cache import cache_dir
-from xbridge.contract import CompileCache, Probes, Profiling, Target, on_host
+from xbridge.contract import Target, on_host
 from xbridge.errors import BackendUnavailable, LoweringError
 from xbridge.ir.program import Program
-from xbridge.planner import ShardingPlan
+from xbridge.plugin import ShardingPlan, cache_dir, hints
 from xbridge.torch import remat as shared_remat
 from xbridge.torch.layer_stacks import StackedParams
 from xbridge.torch.optimizer_state import create_state
 from xbridge.torch.seeding import training_seed
 from xbridge.torch.train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, tensor_to_numpy
 
-from . import attention, compile_log, layer_scan, ops, remat
-from .compile_log import compile_count, compile_seconds, dynamo_graphs, persistent_cache_hits
+from . import attention, layer_scan, ops, remat
+from .capabilities import XlaDiagnostics, XlaProbes, XlaProfiling
+from .compile_log import compile_count
 from .dynamo_capture import ShardHint, check_importable, fresh_input_loss
 
 _RUNTIME_READY = False
@@ -53,21 +50,10 @@ def start_runtime() -> None:
         _RUNTIME_READY = True
 
 
-def tpu_device_kind() -> str | None:
-    """``TPU <type>`` from the TPU VM's accelerator type (``v4``, ``v5litepod``, ``v5p``, ``v6e``: torch_xla's
-    get_tpu_type, read from the VM's metadata), for the MFU peak table; None off a TPU. (Under SPMD torch_xla's
-    device is the virtual ``SPMD:0``, which xm.xla_device_kind cannot name.)"""
-    if xr.device_type() != "TPU":
-        return None
-    from torch_xla._internal import tpu
+class XlaExecutable(TorchTrainState):
+    """The train step as one XLA graph over the SPMD mesh (lazy), or the loss captured by Dynamo (openxla); its
+    diagnostics, probes and profiler: capabilities.py."""
 
-    try:
-        return f"TPU {tpu.get_tpu_type()}"
-    except (OSError, KeyError, ValueError):   # metadata unreachable: the target's device is all that is known
-        return None
-
-
-class XlaExecutable(TorchTrainState, Probes, Profiling):
     def __init__(self, program: Program, plan: ShardingPlan, target: Target, mode: str = "lazy") -> None:
         start_runtime()
         ops.register()
@@ -81,14 +67,9 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         self._mesh_text = str(self.mesh)
         self.device = torch_xla.device()
         self.scaling = program.precision.loss_scale == "dynamic"
-        self.warm_compiles = 0
-        self._export_compiles = 0
-        self.warm_graphs = 0
-        self._warm_debug_offset = 0
-        self._warm_guard_failures: dict[Any, int] = {}
-        self.first_compiles = compile_count()
-        self._cache_start = (persistent_cache_hits(), compile_count(), compile_seconds())
-        self._step_compiles = 0         # XLA compilations while a training step ran (the step's graph: one)
+        self._rng_resumed: int | None = None
+        self.diagnosis = XlaDiagnostics(self)
+        self.parts = (self.diagnosis, XlaProbes(self), XlaProfiling())
 
     def _spec(self, spec: tuple, rank: int) -> tuple:
         return tuple(spec) + (None,) * (rank - len(spec))
@@ -123,7 +104,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         if create_state(self.train_step.optimizer):
             self._shard_state()
         xm.set_rng_state(training_seed(self.program.seed), self.device)      # the device's own generator
-        self._rng_resumed: int | None = None
+        self._rng_resumed = None
         if self.mode == "openxla":
             check_importable(self.program, self.model)
             # Dynamo captures the loss; static shapes (each XLA graph is for one shape anyway).
@@ -157,7 +138,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         before = compile_count()
         with hints.activate(self._hint), self._attention(), host_values_named(self.program.name):
             loss, norm = self.compiled(tensors)
-        self._step_compiles += compile_count() - before
+        self.diagnosis.step_compiles += compile_count() - before
         # .item() waits for the device
         return {"loss": float(loss.item()), "lr": lr, "grad_norm": float(norm.item()), **self.train_step.counted()}
 
@@ -194,7 +175,7 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
         try:
             yield
         finally:
-            self._export_compiles += compile_count() - before
+            self.diagnosis.export_compiles += compile_count() - before
 
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         """torch.optim's load_state_dict moves the state to the parameter's device but not its sharding: state
@@ -212,143 +193,6 @@ class XlaExecutable(TorchTrainState, Probes, Profiling):
             for value in entries.values():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
                     xs.mark_sharding(value, self.mesh, self.stacked.stacks.spec_of(names[id(param)], self.planned))
-
-    @contextlib.contextmanager
-    def _generator_kept(self) -> Iterator[None]:
-        """The device's generator, after a probe, where it was before (set again just before the first step: a
-        graph run in between moves it)."""
-        before = xm.get_rng_state(self.device)
-        yield
-        if self._rng_resumed is None:
-            self._rng_resumed = before
-
-    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from xbridge.torch.module_outputs import trace_torch
-
-        # Module hooks on a lazy forward pass, in both modes (what --bisect compares is the model's arithmetic).
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        with self._generator_kept():
-            outputs = trace_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
-            torch_xla.sync()
-        return outputs
-
-    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Through the train step's loss (lazy, or Dynamo-captured with --xla-mode openxla), its backward run as
-        one graph before the gradients are read."""
-        from xbridge.torch.module_outputs import gradients_torch
-
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        with self._generator_kept():
-            return gradients_torch(self.program, self.model, self.train_step.loss_fn, tensors, "xla",
-                                   self._lazy_hint, self.train_step.random_factories, settle=torch_xla.sync)
-
-    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """Counted on lazy tensors as they are traced; the graph is dropped, never executed. Scanned layers are
-        counted as the scan's body run in a loop (the scan traces that body under the same autocast: checked, every
-        product of the scanned GPT's bf16-mixed step HLO is bf16)."""
-        from xbridge.torch.layer_scan import looping
-        from xbridge.torch.matmul_census import count_torch
-
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        with looping():
-            return count_torch(self.program, self.model, tensors, "xla", self._lazy_hint)
-
-    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        """Probed on lazy tensors as they are traced (scanned layers as the scan's body in a loop); the graph is
-        dropped, never executed."""
-        from xbridge.torch.attention import meta_calls, probe
-        from xbridge.torch.layer_scan import looping
-
-        if self.program.step.attention == "flash":      # every call routed to the kernel (attention.py)
-            return meta_calls(self.program, attention.FLASH)
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        with looping():
-            return probe(self.program, self.model, tensors, "xla", self._lazy_hint, math=attention.MATH)
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        """Per eager name: the sharding spec and each device's shard shape (a stacked group's members: the group's
-        spec, their shard shapes without the layer axis)."""
-        out = {}
-        for key, param in self.train_step.named_parameters():
-            wrapped = xs.wrap_if_sharded(param)
-            if isinstance(wrapped, xs.XLAShardedTensor):
-                spec, shapes = wrapped.sharding_spec, [list(s.data.shape) for s in wrapped.local_shards]
-            else:
-                spec, shapes = "replicated", [list(param.shape)] * self.plan.devices
-            layered = key in self.stacked.stacks.groups
-            for name in self.stacked.stacks.names_of(key):
-                out[name] = {"spec": spec, "shard_shapes": [s[1:] for s in shapes] if layered else shapes}
-        return out
-
-    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
-        return _xla_trace(directory)
-
-    def device_kind(self) -> str | None:
-        return tpu_device_kind()
-
-    def device_peak_bytes(self) -> int | None:
-        """PJRT's allocator statistics of the first device (TPU); the CPU client keeps none (UNIMPLEMENTED)."""
-        if xr.device_type() == "CPU":
-            return None
-        return int(xm.get_memory_info(self.device)["peak_bytes_used"])
-
-    def recompiles(self) -> int:
-        """XLA compilations after warm-up; in openxla mode plus the graphs Dynamo captured again."""
-        count = self._xla_recompiles()
-        if self.mode == "openxla":
-            count += dynamo_graphs() - self.warm_graphs
-        return count
-
-    def recompile_reasons(self) -> list[str]:
-        """One line per distinct cause of the compilations after warm-up, with its count: torch_xla's own
-        compilation analysis (``PT_XLA_DEBUG_LEVEL=1``, set by the backend's configure) and, in openxla mode,
-        Dynamo's guard failures."""
-        lines = compile_log.xla_reasons(self._xla_recompiles(), self._warm_debug_offset)
-        if self.mode == "openxla":
-            failures = Counter(compile_log.guard_failures_since(self._warm_guard_failures))
-            lines += [f"dynamo recompile x{count}: {reason}" for reason, count in failures.items()]
-        return lines
-
-    def _xla_recompiles(self) -> int:
-        return compile_count() - self.warm_compiles - self._export_compiles
-
-    def compile_cache(self) -> CompileCache | None:
-        """On TPU the persistent cache is on: a compile that loads from it is a hit. On CPU it is off (see
-        start_runtime), so every compile is a miss: xla-cpu always starts cold."""
-        hits = persistent_cache_hits() - self._cache_start[0]
-        compiles = compile_count() - self._cache_start[1]
-        caches = ("torch_xla persistent cache" if xr.device_type() != "CPU"
-                  else "none: PJRT CPU cannot reload compiled executables")
-        return CompileCache(hits, max(compiles - hits, 0), caches,
-                            {"XLA compile": round(compile_seconds() - self._cache_start[2], 3)},
-                            {"train step": self._step_compiles, "other": compiles - self._step_compiles})
-
-    def mark_warm(self) -> None:
-        self.warm_compiles = compile_count()
-        self._export_compiles = 0
-        self._warm_debug_offset = compile_log.debug_offset()
-        if self.mode == "openxla":
-            self.warm_graphs = dynamo_graphs()
-            self._warm_guard_failures = compile_log.guard_failure_counts()
-
-    def dump(self, directory: Path) -> list[Path]:
-        # XLA writes every module it compiled there (XLA_FLAGS=--xla_dump_to, set by the backend's configure).
-        return sorted(p for p in directory.glob("*.txt") if "module_" in p.name)
-
-
-@contextlib.contextmanager
-def _xla_trace(directory: Path) -> Iterator[None]:
-    """torch_xla's profiler session (``start_trace``/``stop_trace``): ``plugins/profile/<time>/<host>.xplane.pb``
-    and ``<host>.trace.json.gz``, as jax writes them. The steps carry no annotation: torch_xla refuses a trace
-    scope still open at the step's ``sync``."""
-    import torch_xla.debug.profiler as xp
-
-    directory.mkdir(parents=True, exist_ok=True)
-    xp.start_trace(str(directory))
-    try:
-        yield
-    finally:
-        xp.stop_trace()
 
 
 _SHAPE_FROM_DATA = ("nonzero", "unique", "masked_select", "_local_scalar_dense")
@@ -368,7 +212,7 @@ def host_values_named(program: str) -> Iterator[None]:
             raise
         import torch_xla.debug.metrics as met
 
-        from xbridge.program_file import user_frame
+        from xbridge.plugin import user_frame
 
         found = user_frame(exc)
         where = "" if found is None else (f" at {found[0].filename}:{found[0].lineno} (in {found[0].name}, the "

@@ -12,6 +12,10 @@ it changed. (xbridge's XLA kernels, backends/xlaspmd/ops.py and autocast.py, go 
   ``torch_xla._XLAC._xla_user_computation`` is wrapped to record the loop computation torch_xla builds and the
   parameters it passes, so that later steps can call the same computation. Put back as soon as that lowering
   returns.
+- the TPU generation (:func:`tpu_generation`): while ``xbridge compile`` asks torch_xla which libtpu settings it
+  makes on a TPU VM of a generation (``torch_xla._setup_libtpu_flags``, which reads the generation from the VM's
+  metadata through ``torch_xla._internal.tpu.version``), that function answers the generation asked for. torch_xla
+  takes no generation as an argument. Put back as soon as the settings are read.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ SCAN = Patch("torch_xla.experimental.scan._scan_impl_pytree (scanned layers' loo
              shared.TORCH_XLA)
 USER_COMPUTATION = Patch("torch_xla._XLAC._xla_user_computation (a scan's loop recorded)", "torch_xla",
                          shared.TORCH_XLA)
+TPU_VERSION = Patch("torch_xla._internal.tpu.version (the TPU generation libtpu's settings are made for)", "torch_xla",
+                    shared.TORCH_XLA)
 _PATCHES = PatchSet(SCAN, USER_COMPUTATION)
 
 
@@ -73,4 +79,14 @@ def recording_scans(built: list[tuple[list[Any], Any]]) -> Iterator[None]:
         return original(name, params, computation)
 
     with shared.replaced(torch_xla._XLAC, {"_xla_user_computation": record}):
+        yield
+
+
+@contextlib.contextmanager
+def tpu_generation(generation: int) -> Iterator[None]:
+    """For the block: torch_xla reads ``generation`` as this machine's TPU generation."""
+    shared.check(TPU_VERSION)
+    from torch_xla._internal import tpu
+
+    with shared.replaced(tpu, {"version": lambda: generation}):
         yield

@@ -70,7 +70,7 @@ def compile_train(program: Program, target_text: str, topology: Topology,
 
 
 def _model_flops(program: Program) -> int | None:
-    from ..compare.flops import flops_per_step
+    from ..torch.flops import flops_per_step
 
     try:
         return flops_per_step(program, cpu=False)

@@ -157,7 +157,7 @@ def _check_sizes(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def _check_against_program(path: Path, program: Program, weights: dict[str, Any], train: dict[str, Any]) -> None:
-    from ..weights import meta_model, shape_mismatch
+    from ..torch.weights import meta_model, shape_mismatch
 
     problem = shape_mismatch(program, weights, f"checkpoint {str(path)!r}")
     if problem is not None:

@@ -51,10 +51,10 @@ def inspect(
 ) -> None:
     """Print parameter count, FLOPs per step, the sharding plan and the memory per device (parameters, gradients,
     optimizer state, activations), without running anything."""
-    from ..compare.flops import flops_per_step
     from ..data.source import checked_batch
     from ..memory import estimate
     from ..planner import plan
+    from ..torch.flops import flops_per_step
     from .tables import print_inspect
 
     prog = load_with_overrides(program, precision, mesh=mesh, remat=remat)

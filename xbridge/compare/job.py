@@ -111,8 +111,8 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
     ``progress(target, status)`` is called as each target ends."""
     from ..run.provenance import provenance
     from ..run.summary import machine
+    from ..torch.flops import flops_per_step
     from .estimates import compile_only, estimate
-    from .flops import flops_per_step
     from .versions import interpreters, version_pairs
 
     reference = resolve_reference(options.reference)
@@ -128,7 +128,7 @@ def compare(program_ref: str, program: Program, options: CompareOptions, out: Pa
         # stacks, not two inits. (In one interpreter every target initialises alike, and no weights file is
         # written: a large model's would be its whole size on disk.)
         from ..files import write_npz
-        from ..weights import initial_weights
+        from ..torch.weights import initial_weights
 
         child.extra += ["--init-state", str(write_npz(out / "initial_weights.npz", initial_weights(program)))]
     runs = []

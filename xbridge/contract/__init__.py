@@ -7,8 +7,8 @@ probes, sharded checkpoints, several processes). registry.py finds the plugins.
 """
 
 from .backend import Backend, BackendOption, Target
-from .capabilities import Diagnostics, MultiProcess, PieceWriter, Probes, Profiling, ShardedCheckpoint
+from .capabilities import STEP_MARK, Diagnostics, MultiProcess, PieceWriter, Probes, Profiling, ShardedCheckpoint
 from .executable import CompileCache, Executable, on_host
 
 __all__ = ["Backend", "BackendOption", "CompileCache", "Diagnostics", "Executable", "MultiProcess", "PieceWriter",
-           "Probes", "Profiling", "ShardedCheckpoint", "Target", "on_host"]
+           "Probes", "Profiling", "STEP_MARK", "ShardedCheckpoint", "Target", "on_host"]

@@ -1,11 +1,10 @@
 """What an executable can do beyond the core contract (xbridge/contract/executable.py), each as a class of its own.
 
 A backend declares a capability by subclassing it next to :class:`~xbridge.contract.Executable`
-(``class MyExecutable(Executable, Diagnostics, Profiling)``) and overriding what it knows; every method has the
-default a backend without it gets. The core asks by type, never by name: :func:`diagnostics` and :func:`probes`
-return the executable when it has the capability and a stand-in with the defaults otherwise, and the checkpoint
-writer and the run loop test ``isinstance(executable, ShardedCheckpoint)`` and ``isinstance(executable,
-MultiProcess)``.
+(``class MyExecutable(Executable, Diagnostics, Profiling)``), or in a collaborator of its own that
+:meth:`Executable.capability` returns, and overrides what it knows; every method has the default a backend without
+it gets. The core asks by type, never by name, through the functions below (:func:`diagnostics`, :func:`probes`,
+:func:`profiling`, :func:`sharded`, :func:`multi_process`).
 
 - :class:`Diagnostics`: what the run record says about the compiled program (recompiles, compile cache, memory,
   device name, per-parameter layout, non-finite gradients, ``--dump``);
@@ -77,6 +76,9 @@ class Diagnostics:
         return []
 
 
+STEP_MARK = "xbridge step"      # the annotation around a profiled step, which xbridge/run/profile.py reads back
+
+
 class Profiling(ABC):
     """``--profile``: the stack's own profiler around the profiled steps."""
 
@@ -86,7 +88,7 @@ class Profiling(ABC):
         the ``*.trace.json.gz`` jax and torch_xla write) under ``directory`` when it closes."""
 
     def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
-        """An annotation around one profiled step, named ``xbridge step`` (xbridge/run/profile.py:STEP_MARK),
+        """An annotation around one profiled step, named :data:`STEP_MARK`,
         where the stack can mark one; nothing by default."""
         return contextlib.nullcontext()
 
@@ -161,35 +163,49 @@ _NO_DIAGNOSTICS = Diagnostics()
 
 def diagnostics(executable: Executable) -> Diagnostics:
     """The executable's :class:`Diagnostics`, or the defaults when it declares none."""
-    return executable if isinstance(executable, Diagnostics) else _NO_DIAGNOSTICS
+    return executable.capability(Diagnostics) or _NO_DIAGNOSTICS
 
 
 def profiling(executable: Executable) -> Profiling:
     """The executable's :class:`Profiling`; one line naming the executable when it has none."""
-    if not isinstance(executable, Profiling):
+    found = executable.capability(Profiling)  # type: ignore[type-abstract]  # an ABC as type[C]
+    if found is None:
         raise LoweringError(f"{type(executable).__name__} has no profiler (--profile)")
-    return executable
+    return found
 
 
 def probes(executable: Executable) -> Probes | None:
     """The executable's :class:`Probes`; None when it has none."""
-    return executable if isinstance(executable, Probes) else None
+    return executable.capability(Probes)  # type: ignore[type-abstract]
+
+
+def sharded(executable: Executable) -> ShardedCheckpoint | None:
+    """The executable's :class:`ShardedCheckpoint`; None when it writes whole checkpoints."""
+    return executable.capability(ShardedCheckpoint)
+
+
+def multi_process(executable: Executable) -> MultiProcess | None:
+    """The executable's :class:`MultiProcess`; None when its processes never need to agree on a flag."""
+    return executable.capability(MultiProcess)
 
 
 def traced_modules(executable: Executable, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """:meth:`Probes.trace_modules`; one line naming the executable when it has no probes."""
-    if not isinstance(executable, Probes):
+    found = probes(executable)
+    if found is None:
         raise LoweringError(f"{type(executable).__name__} cannot record module outputs (--trace-modules, "
                             "parity --bisect)")
-    return executable.trace_modules(batch)
+    return found.trace_modules(batch)
 
 
 def traced_gradients(executable: Executable, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     """:meth:`Probes.trace_gradients`; None when the executable has no probes or does not know them."""
-    return executable.trace_gradients(batch) if isinstance(executable, Probes) else None
+    found = probes(executable)
+    return found.trace_gradients(batch) if found is not None else None
 
 
 def reads_slices(executable: Executable) -> bool:
     """Whether the executable takes a sharded checkpoint's tensors as they are
     (:attr:`ShardedCheckpoint.reads_slices`)."""
-    return isinstance(executable, ShardedCheckpoint) and executable.reads_slices
+    found = sharded(executable)
+    return found is not None and found.reads_slices

@@ -1,13 +1,14 @@
 """What :meth:`Backend.lower` returns: a program lowered for one target, as the run loop drives it. The core contract
-is these eight methods; everything else a backend can do is a capability it declares by subclassing one of
-xbridge/contract/capabilities.py's classes, which the core asks for by type."""
+is these ten methods; everything else a backend can do is a capability (xbridge/contract/capabilities.py), which the
+core asks for by type through :meth:`Executable.capability`: the executable itself where it subclasses the
+capability's class, or a collaborator of its own that does."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +39,8 @@ class CompileCache:
         return {"hits": self.hits, "misses": self.misses, "state": self.state, "caches": self.caches,
                 "seconds": self.seconds, "compiles": self.compiles}
 
+C = TypeVar("C")
+
 
 def on_host(batch: Any) -> bool:
     """Whether ``batch`` is still the host's numpy arrays (not yet :meth:`Executable.put`)."""
@@ -46,6 +49,8 @@ def on_host(batch: Any) -> bool:
 
 class Executable(ABC):
     """A program lowered for one target. Arrays cross the boundary as numpy, under the eager parameter names."""
+
+    parts: tuple[Any, ...] = ()     # collaborators that hold capabilities for it (see :meth:`capability`)
 
     @abstractmethod
     def init(self, weights: dict[str, np.ndarray]) -> None:
@@ -70,6 +75,15 @@ class Executable(ABC):
     def evaluate(self, batch: Any) -> float:
         """The loss of one batch with the model in eval mode, no gradient and no update (``xb.Eval``)."""
         raise LoweringError(f"{type(self).__name__} cannot evaluate (the program's xb.Eval)")
+
+    def capability(self, kind: type[C]) -> C | None:
+        """What this executable has of the capability ``kind`` (a class of xbridge/contract/capabilities.py): itself
+        where it subclasses ``kind``, else the first of its :attr:`parts` that does (a collaborator holding what the
+        capability needs), else None."""
+        for holder in (self, *self.parts):
+            if isinstance(holder, kind):
+                return holder
+        return None
 
     def close(self) -> None:
         """The run is over: undo what lowering changed in the process's global state (torch's TF32 switches) and let

@@ -268,7 +268,7 @@ def parity(program_ref: str, program: Program, options: ParityOptions, out: Path
            progress: Callable[[str, str], None] | None = None) -> ParityRecord:
     """Run the reference and every target from the same weights; return the verdicts (also written to
     ``out/parity.json``). ``progress(target, status)`` is called as each target's verdict is in."""
-    from ..weights import initial_weights
+    from ..torch.weights import initial_weights
 
     reference = resolve_reference(options.reference)
     targets = [t for t in resolve_targets(options.targets, reference) if t != reference] or [reference]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .job import this_process, under_torchrun
 
 if TYPE_CHECKING:
-    from ..run.record import StepRecord
+    from ..run.record import StepRecord  # the run loop's (this package sits below the run)
 
 STEPS = "XBRIDGE_STEPS_LOG"       # the supervisor's file of finished steps (process 0 appends)
 RESTARTS = "XBRIDGE_RESTARTS"     # the restarts before this attempt, as JSON (a list; "[]" in the first attempt)
@@ -57,15 +57,13 @@ def logged_steps(path: str) -> list[dict[str, Any]]:
     return [by_step[step] for step in sorted(by_step)]
 
 
-def earlier_steps(start: int) -> list[StepRecord]:
-    """The steps before ``start`` (this attempt's checkpoint) that earlier attempts finished: none outside a
-    restarted job."""
-    from ..run.record import StepRecord
-
+def earlier_steps(start: int) -> list[dict[str, Any]]:
+    """The steps before ``start`` (this attempt's checkpoint) that earlier attempts finished, as the step records'
+    JSON: none outside a restarted job."""
     path = os.environ.get(STEPS)
     if not path or not restarts():
         return []
-    return [StepRecord.from_json(record) for record in logged_steps(path) if record["step"] < start]
+    return [record for record in logged_steps(path) if record["step"] < start]
 
 
 def restarts() -> list[dict[str, Any]]:

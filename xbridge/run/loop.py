@@ -14,8 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, checkpoint, processes
-from ..contract import MultiProcess, ShardedCheckpoint, registry
-from ..contract.capabilities import GRADIENT_PREFIX, diagnostics, probes, traced_gradients, traced_modules
+from ..contract import registry
+from ..contract.capabilities import (
+    GRADIENT_PREFIX,
+    diagnostics,
+    multi_process,
+    probes,
+    sharded,
+    traced_gradients,
+    traced_modules,
+)
 from ..data.source import BatchCheck, checked_batch, tokens_per_example
 from ..errors import ConfigError, Interrupted, Terminated
 from ..files import write_npz
@@ -165,7 +173,7 @@ def _run_prepared(program: Program, prepared: Prepared, options: RunOptions, pro
     def save(done: int) -> None:
         assert writer is not None
         info = checkpoint.manifest_info(program, str(target), options.devices, dict(plan.mesh), done, versions)
-        pieces = executable.piece_writer() if isinstance(executable, ShardedCheckpoint) else None
+        pieces = split.piece_writer() if (split := sharded(executable)) is not None else None
         if pieces is not None:
             saved.append(str(writer.save_pieces(done, pieces, info)))
         else:
@@ -186,10 +194,10 @@ def _run_prepared(program: Program, prepared: Prepared, options: RunOptions, pro
             if writer is None:
                 return
             signum = interrupt["signal"]
-            if processes.this_process()[1] > 1 and isinstance(executable, MultiProcess):
+            if processes.this_process()[1] > 1 and (job := multi_process(executable)) is not None:
                 # the processes saw the signal at different points (or one alone got it): all stop here, and
                 # SIGTERM (15) wins over Ctrl-C (2), so the job ends as a terminated one that a restart resumes
-                signum = interrupt["signal"] = int(executable.gathered(np.asarray([signum], np.int64)).max())
+                signum = interrupt["signal"] = int(job.gathered(np.asarray([signum], np.int64)).max())
             due = options.checkpoint_every is not None and done % options.checkpoint_every == 0
             if due or done == options.steps or signum:
                 save(done)
@@ -207,7 +215,8 @@ def _run_prepared(program: Program, prepared: Prepared, options: RunOptions, pro
         records = train(program, prepared, options.steps, warmup, progress, start, after_step,
                         lambda: writer.last if writer else None, options.prefetch, traced)
     summary = summarize(program, records, warmup)
-    earlier = processes.earlier_steps(start)     # a restarted job: the steps before its checkpoint, logged once
+    # a restarted job: the steps before its checkpoint, logged once
+    earlier = [StepRecord.from_json(step) for step in processes.earlier_steps(start)]
     if earlier:
         records = earlier + records
         summary.first_loss = records[0].loss     # the timings stay this attempt's

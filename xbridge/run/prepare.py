@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import processes
 from ..contract import Backend, Executable, Target, registry
-from ..contract.capabilities import MultiProcess, probes, reads_slices
+from ..contract.capabilities import multi_process, probes, reads_slices
 from ..contract.checks import StepChecks
 from ..data.source import checked_batch
 from ..errors import BackendUnavailable, ConfigError, ProgramError
@@ -36,7 +36,7 @@ class Prepared:
 
 def check_weights(program: Program, weights: dict[str, np.ndarray]) -> None:
     """Weights handed in from outside (``--init-state``) must be this program's state: same names, same shapes."""
-    from ..weights import shape_mismatch
+    from ..torch.weights import shape_mismatch
 
     problem = shape_mismatch(program, weights, "the --init-state file")
     if problem is not None:
@@ -66,7 +66,7 @@ def prepare(program: Program, target_text: str, options: RunOptions,
     refuse_what_fails(program, target, backend, backend_options, found)
     executable = backend.lower(with_rng(program), plan, target, backend_options)
     if weights is None:
-        from ..weights import initial_weights  # the reference builds the weights once
+        from ..torch.weights import initial_weights  # the reference builds the weights once
 
         weights = initial_weights(program)
         check_replicas(executable, weights)
@@ -84,13 +84,14 @@ def check_replicas(executable: Executable, weights: dict[str, np.ndarray]) -> No
     is one value). xbridge seeds torch's, numpy's and Python's generators before the builder runs; a builder that
     draws from anything else (the time, the process id, its own unseeded generator) builds other weights in each
     process, and training would go on with replicas that disagree. One line naming the first such parameter."""
-    if processes.this_process()[1] == 1 or not isinstance(executable, MultiProcess):
+    job = multi_process(executable)
+    if processes.this_process()[1] == 1 or job is None:
         return
     import hashlib
 
     digests = np.stack([np.frombuffer(hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest(),
                                       dtype=np.int32) for array in weights.values()])
-    every = executable.gathered(digests)
+    every = job.gathered(digests)
     names = list(weights)
     for index in range(1, len(every)):
         differs = np.flatnonzero((every[index] != every[0]).any(axis=1))

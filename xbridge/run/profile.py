@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract.capabilities import STEP_MARK
 from ..errors import ConfigError
 
 __all__ = ["ProfileSpec", "find_traces", "summarise"]
 
-STEP_MARK = "xbridge step"          # the annotation every backend puts around a profiled step, where it can
 _SPEC = re.compile(r"^steps=(\d+):(\d+)$")
 _DEVICE_LANE = re.compile(r"(/device:|gpu|cuda|tpu|stream)", re.IGNORECASE)
 

@@ -128,9 +128,8 @@ def probe(program: Program, model: torch.nn.Module, tensors: dict[str, torch.Ten
 def meta_calls(program: Program, kernel: str) -> dict[str, int] | None:
     """For a backend whose kernel is fixed by its lowering (jax: torchax's): the training forward's attention calls
     counted on the meta device (shapes only), each named ``kernel``; None when the model cannot run on meta."""
-    from xbridge.weights import meta_model
-
     from .loss_check import meta_batch
+    from .weights import meta_model
 
     model = meta_model(program)
     model.train()

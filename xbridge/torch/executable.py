@@ -3,31 +3,35 @@ train step on one device. A backend sets how the train step is built (eager: as 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from xbridge import hints
-from xbridge.contract import Probes, Profiling, on_host
+from xbridge.contract import on_host
 from xbridge.ir.program import Program
-from xbridge.planner import ShardingPlan
 
-from . import attention, remat
-from .matmul_census import count_torch
-from .module_outputs import gradients_torch, trace_torch
-from .profiling import torch_profiler, torch_step
+from . import remat
+from .capabilities import TorchDiagnostics, TorchProbes, TorchProfiling
 from .train import TorchTrainState, TrainStep, batch_to_torch, build_model, eval_loss, exact_fp32, to_numpy_state
 
+if TYPE_CHECKING:
+    from xbridge.planner import ShardingPlan
 
-class TorchExecutable(TorchTrainState, Probes, Profiling):
+
+class TorchExecutable(TorchTrainState):
+    """The torch train step on one device, with hooks for the backends built on it; its diagnostics, probes and
+    profiler are collaborators (xbridge/torch/capabilities.py), :attr:`diagnostics_class` the backend's own."""
+
+    diagnostics_class: type[TorchDiagnostics] = TorchDiagnostics
+
     def __init__(self, program: Program, plan: ShardingPlan, device: torch.device) -> None:
         self.program, self.plan, self.device = program, plan, device
         self._restore_fp32 = exact_fp32(device)
-        self._hints = hints.checker(plan.axis_sizes)
+        self.hint = hints.checker(plan.axis_sizes)
+        self.parts = (self.diagnostics_class(self), TorchProbes(self), TorchProfiling(device))
 
     def close(self) -> None:
         self._restore_fp32()     # TF32 as it was before this run
@@ -66,49 +70,15 @@ class TorchExecutable(TorchTrainState, Probes, Profiling):
 
     def step(self, batch: Any) -> dict[str, float]:
         lr = self.train_step.lr
-        with hints.activate(self._hints):
+        with hints.activate(self.hint):
             loss, norm = self.train_step(self.placed(batch))
         # float() waits for the device
         return {"loss": float(loss), "lr": lr, "grad_norm": float(norm), **self.train_step.counted()}
 
     def evaluate(self, batch: Any) -> float:
-        with hints.activate(self._hints):
+        with hints.activate(self.hint):
             return float(eval_loss(self.eval_fn, self.model, self.placed(batch), self.program,
                                    self.device.type))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return to_numpy_state(self.model)
-
-    def layout(self) -> dict[str, dict[str, Any]]:
-        return {n: {"spec": "unsharded", "shard_shapes": [list(p.shape)]} for n, p in self.model.named_parameters()}
-
-    def trace_modules(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return trace_torch(self.program, self.model, tensors, self.device.type, self._hints)
-
-    def trace_gradients(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """None where the model's parameters get no ``.grad`` from the loss's backward (inductor's ranks: the
-        data-parallel wrapper keeps them elsewhere), rather than an empty answer."""
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return gradients_torch(self.program, self.model, self.train_step.loss_fn, tensors, self.device.type,
-                               self._hints, self.train_step.random_factories) or None
-
-    def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return count_torch(self.program, self.model, tensors, self.device.type, self._hints)
-
-    def attention_kernels(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
-        tensors = batch_to_torch(batch, self.device, self.program.precision)
-        return attention.probe(self.program, self.model, tensors, self.device.type, self._hints)
-
-    def profiler(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
-        return torch_profiler(directory, self.device)
-
-    def profile_step(self, step: int) -> contextlib.AbstractContextManager[Any]:
-        return torch_step(step)
-
-    def device_kind(self) -> str | None:
-        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
-
-    def device_peak_bytes(self) -> int | None:
-        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None

@@ -15,9 +15,9 @@ from xbridge.errors import ProgramError
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.program import Program
 from xbridge.program_file import user_frame
-from xbridge.weights import meta_model
 
 from .train import torch_dtype
+from .weights import meta_model
 
 __all__ = ["check_loss"]
 

@@ -21,11 +21,11 @@ from torch.overrides import TorchFunctionMode
 
 from xbridge.ir.precision import DTYPES
 from xbridge.ir.program import Program
-from xbridge.weights import meta_model
 
 from . import remat
 from .loss_check import meta_batch
 from .train import split_micro
+from .weights import meta_model
 
 __all__ = ["Saved", "saved_bytes"]
 

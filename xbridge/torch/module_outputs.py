@@ -22,9 +22,9 @@ import torch
 
 from xbridge import hints
 from xbridge.ir.program import Program
-from xbridge.weights import tensor_to_numpy
 
 from .train import compute_context, loss_parts, per_item
+from .weights import tensor_to_numpy
 
 
 @contextlib.contextmanager

@@ -268,9 +268,8 @@ def census(program: Program, batch: dict[str, np.ndarray], backward: bool = True
     device cannot run it. ``backward=False``: the forward alone. A process that goes on to train on torch_xla must
     not run a backward first: torch's autograd engine sizes its device queues at its first backward, before
     torch_xla's devices exist, and a later XLA backward then fails an internal assert."""
-    from xbridge.weights import initial_weights, meta_model
-
     from .train import batch_to_torch, build_model
+    from .weights import initial_weights, meta_model
 
     failure = None
     with torch.random.fork_rng(devices=[]):

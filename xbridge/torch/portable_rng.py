@@ -329,7 +329,7 @@ def random_draws(program: Any, batch: dict[str, Any]) -> list[tuple[str, str]]:
 
 def random_draw_report(program: Any, batch: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """:func:`random_draws`, each with whether ``--rng portable`` draws it (False: it refuses it)."""
-    from xbridge.weights import meta_model
+    from .weights import meta_model
 
     model = meta_model(program)
     model.train()

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from xbridge.run.profile import STEP_MARK
+from xbridge.contract import STEP_MARK
 
 __all__ = ["torch_profiler", "torch_step"]
 

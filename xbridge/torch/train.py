@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from xbridge.contract import Diagnostics, Executable
+from xbridge.contract import Executable
 from xbridge.ir.loss import LossSum, check_loss_output
 from xbridge.ir.optim import SGD, AdamW
 from xbridge.ir.precision import Precision
 from xbridge.ir.program import Program
-from xbridge.weights import tensor_to_numpy, to_numpy_state
 
 from .model_setup import build_model, exact_fp32, tied_groups, torch_dtype
 from .seeding import training_seed
+from .weights import tensor_to_numpy, to_numpy_state
 
 if TYPE_CHECKING:
     from .layer_stacks import StackedParams
@@ -333,9 +333,9 @@ class TrainStep:
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
 
-class TorchTrainState(Executable, Diagnostics):
-    """The checkpoint and fault parts of the Executable contract for executables that hold ``self.train_step``
-    (a :class:`TrainStep`), and the non-finite gradient report of :class:`Diagnostics`."""
+class TorchTrainState(Executable):
+    """The checkpoint parts of the Executable contract for executables that hold ``self.train_step`` (a
+    :class:`TrainStep`)."""
 
     train_step: TrainStep
 
@@ -345,5 +345,3 @@ class TorchTrainState(Executable, Diagnostics):
     def load_training_state(self, state: dict[str, np.ndarray]) -> None:
         self.train_step.import_state(state)
 
-    def nonfinite_grads(self) -> list[str]:
-        return self.train_step.nonfinite_grads()

@@ -12,7 +12,7 @@ from typing import Any
 from ..data.source import checked_batch
 from ..ir.loss import LossSum
 from ..ir.program import Program
-from ..weights import meta_model
+from .weights import meta_model
 
 
 def flops_per_step(program: Program, batch: dict[str, Any] | None = None, cpu: bool = True) -> int:
@@ -35,11 +35,11 @@ def _count(program: Program, batch: dict[str, Any], device: str) -> int:
 
     if device == "meta":
         model = meta_model(program)
-        from ..torch import loss_check as check
+        from . import loss_check as check
         tensors = check.meta_batch(program.replace(precision="fp32"), batch)      # as meta_model builds the model
     else:
-        from ..torch import train as build
-        from ..weights import initial_weights
+        from . import train as build
+        from .weights import initial_weights
         model = build.build_model(program.replace(precision="fp32"), initial_weights(program), torch.device("cpu"))
         tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
     counter = FlopCounterMode(display=False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .ir.program import Program
+from ..ir.program import Program
 
 
 def tensor_to_numpy(value: Any) -> np.ndarray:
@@ -30,7 +30,7 @@ def to_numpy_state(model: Any) -> dict[str, np.ndarray]:
 def initial_weights(program: Program) -> dict[str, np.ndarray]:
     """The program's initial weights: the model built under ``torch.manual_seed(program.seed)`` on the CPU in
     float32, as numpy under the state_dict names. Built once, handed to every backend."""
-    from .torch.seeding import seeded
+    from .seeding import seeded
 
     with seeded(program.seed):
         model = program.model()
