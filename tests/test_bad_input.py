@@ -375,3 +375,18 @@ def test_a_program_under_a_path_that_is_not_utf8_runs(tmp_path):
 def test_the_corpus_is_large_and_distinct():
     assert len(BAD_INPUTS) >= 90
     assert len({tuple(a) for a, _ in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+def test_run_options_are_checked_once_and_never_change():
+    """The Python API's options: refused when built (the CLI's message), the warm-up default filled in, and frozen."""
+    import dataclasses
+
+    from xbridge.errors import ConfigError
+    from xbridge.run.loop import RunOptions
+
+    with pytest.raises(ConfigError, match=r"--warmup must be in \[0, steps\) = \[0, 3\), got 3"):
+        RunOptions(steps=3, warmup=3)
+    options = RunOptions(steps=1)
+    assert options.warmup == 0 and RunOptions(steps=10).warmup == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.steps = 5     # type: ignore[misc]

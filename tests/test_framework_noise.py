@@ -59,7 +59,7 @@ def test_jaxs_profiler_tensorflow_lines_are_dropped():
 
     work = "import jax, pathlib, tempfile\nd = tempfile.mkdtemp()\n"
     raw = work + "jax.profiler.start_trace(d)\njax.numpy.ones(3).block_until_ready()\njax.profiler.stop_trace()\n"
-    quiet = (work + "from xbridge.backends.jaxjit.executable import _trace\n"
+    quiet = (work + "from xbridge.backends.jaxjit.capabilities import _trace\n"
              "with _trace(pathlib.Path(d)):\n    jax.numpy.ones(3).block_until_ready()\n"
              "assert list(pathlib.Path(d).rglob('*.xplane.pb'))\n")
     line = "Can't import tensorflow.python.profiler.trace"

@@ -39,8 +39,11 @@ from .steps import Progress, deferred_interrupt, train
 from .summary import data_info, machine, peak_rss_bytes, summarize
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOptions:
+    """How one run goes, validated when built (the CLI's ``run`` flags, or the Python API's arguments); never
+    changed after (a run over several processes gets a copy: ``dataclasses.replace``)."""
+
     steps: int = 30
     warmup: int | None = None     # default: 2, or steps - 1 when fewer steps are run
     devices: int = 1
@@ -70,10 +73,10 @@ class RunOptions:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write the checkpoints)")
         if self.keep < 1:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}")
-        if self.warmup is None:
-            self.warmup = min(2, self.steps - 1)
-        if not 0 <= self.warmup < self.steps:
-            raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {self.warmup}")
+        warmup = min(2, self.steps - 1) if self.warmup is None else self.warmup
+        if not 0 <= warmup < self.steps:
+            raise ConfigError(f"--warmup must be in [0, steps) = [0, {self.steps}), got {warmup}")
+        object.__setattr__(self, "warmup", warmup)     # the default filled in once (the dataclass is frozen)
         if self.devices < 1:
             raise ConfigError(f"--devices must be >= 1, got {self.devices}")
         if self.profile is not None:
