@@ -253,6 +253,8 @@ def _child(parent, index):
     raise AssertionError(f"no process {index} under {parent}")
 
 
+@pytest.mark.serial      # a signal raced against the steps of 2 processes: alone, after the rest (it hung once
+# under the suite's full load, 2026-12-08: bench/results/suite/NOTES.md)
 def test_ctrl_c_stops_every_process_at_one_step_with_a_checkpoint(tmp_path):
     """SIGINT to process 1 alone (as a Ctrl-C can reach the processes at different points of a step): after the
     step in flight the processes agree to stop there, write that step's checkpoint together and exit 130 (without
