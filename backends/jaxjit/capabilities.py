@@ -69,10 +69,10 @@ class JaxDiagnostics(Diagnostics):
 
     def nonfinite_grads(self) -> list[str]:
         """Parameters (eager names, eager order) whose gradient in the last step held a NaN or Inf."""
-        if self.ex._bad_grads is None:
+        if self.ex.bad_grads_seen is None:
             return []
-        bad = np.asarray(self.ex._host(self.ex._bad_grads))
-        names = self.ex._eager_names()
+        bad = np.asarray(self.ex.host(self.ex.bad_grads_seen))
+        names = self.ex.eager_names()
         flagged = {names[n] for n, count in zip(self.ex.bad_grad_names, bad) if count > 0 and n in names}
         return [n for n in self.ex.names if n in flagged]
 
@@ -103,7 +103,7 @@ class JaxDiagnostics(Diagnostics):
     def dump(self, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         with matmul_precision(self.ex.program.precision.compute):
-            lowered = self.ex.jitted.lower(self.ex.state, self.ex._last_batch)
+            lowered = self.ex.jitted.lower(self.ex.state, self.ex.last_batch)
         stablehlo = directory / f"jax_{self.ex.mode}_step.stablehlo.mlir"
         write_text(stablehlo, lowered.as_text())
         hlo = directory / f"jax_{self.ex.mode}_step.optimized.hlo.txt"
@@ -139,10 +139,10 @@ class JaxProbes(Probes):
             return value if count is None else value / step_builders.nonzero(count)
 
         with matmul_precision(self.ex.program.precision.compute):
-            grads = self.ex._host(jax.jit(jax.grad(loss))(self.ex.state["params"]))
+            grads = self.ex.host(jax.jit(jax.grad(loss))(self.ex.state["params"]))
         grads = self.ex.stacks.unstack(grads)
         return {eager: np.asarray(grads[canonical], dtype=np.float32)
-                for canonical, eager in self.ex._eager_names().items()}
+                for canonical, eager in self.ex.eager_names().items()}
 
     def matmul_dtypes(self, batch: dict[str, np.ndarray]) -> dict[str, int] | None:
         """The products of the loss's jaxpr (traced, never compiled): what XLA is handed, attention's two products

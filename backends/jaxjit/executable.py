@@ -73,7 +73,7 @@ class JaxExecutable(JaxState):
         self._eval: Any = None
         self.scaling = program.precision.loss_scale == "dynamic"
         self.tx = optimizers.direction(program.optimizer)
-        self._bad_grads: jax.Array | None = None
+        self.bad_grads_seen: jax.Array | None = None
         self.processes = jax.process_count()    # > 1: the mesh spans several processes (--processes)
         self._compiled = False
 
@@ -241,7 +241,7 @@ class JaxExecutable(JaxState):
 
     def step(self, batch: Any) -> dict[str, float]:
         device_batch = self._placed(batch)
-        self._last_batch = device_batch
+        self.last_batch = device_batch
         with matmul_precision(self.program.precision.compute):
             if self.processes > 1 and not self._compiled:
                 # compiled ahead of the call (which then finds it compiled) while saying so to the supervisor: a
@@ -250,7 +250,7 @@ class JaxExecutable(JaxState):
                     self.jitted.lower(self.state, device_batch).compile()
                 self._compiled = True
             self.state, metrics = self.jitted(self.state, device_batch)
-        self._bad_grads = metrics["bad_grads"]
+        self.bad_grads_seen = metrics["bad_grads"]
         # float() waits for the device
         out = {"loss": float(metrics["loss"]), "lr": float(metrics["lr"]), "grad_norm": float(metrics["grad_norm"])}
         count = float(metrics["count"])     # xb.LossSum's global count (NaN: the loss is a mean)

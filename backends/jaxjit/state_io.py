@@ -37,9 +37,9 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
     bad_grad_names: list[str]
     scaling: bool
     processes: int
-    _bad_grads: jax.Array | None
+    bad_grads_seen: jax.Array | None
 
-    def _host(self, tree: Any) -> Any:
+    def host(self, tree: Any) -> Any:
         """Numpy copies of whole arrays: gathered from every process when the mesh spans several (every process
         calls this at the same point: it is a collective)."""
         if self.processes == 1:
@@ -49,7 +49,7 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
         return multihost_utils.process_allgather(tree, tiled=True)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        host = self._host({"params": self.state["params"], "buffers": self.state["buffers"]})
+        host = self.host({"params": self.state["params"], "buffers": self.state["buffers"]})
         return self._model_state(self.stacks.unstack(host["params"]), host["buffers"], _full)
 
     def _model_state(self, params: Any, buffers: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
             out[name] = convert(value, np.float32 if floating else self.dtypes[name])
         return out
 
-    def _eager_names(self) -> dict[str, str]:
+    def eager_names(self) -> dict[str, str]:
         """Trained (canonical) name -> its eager name (the first of a tied group, as torch's named_parameters); only
         the parameters the optimizer updates (torch.optim keeps no state for the others)."""
         out: dict[str, str] = {}
@@ -74,11 +74,11 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
 
     def _complex_names(self) -> frozenset[str]:
         """The trained parameters that are complex (their optimizer state is held as pairs: optimizers.py)."""
-        return frozenset(name for name, eager in self._eager_names().items()
+        return frozenset(name for name, eager in self.eager_names().items()
                          if np.issubdtype(self.dtypes[eager], np.complexfloating))
 
     def training_state(self) -> dict[str, np.ndarray]:
-        return self._train_state(self._host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
+        return self._train_state(self.host({k: v for k, v in self.state.items() if k not in ("params", "buffers")}),
                                  _full)
 
     def _train_state(self, state: Any, convert: Callable[[Any, Any], Any]) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
         def host(leaf: Any) -> Any:        # a complex parameter's state is complex, as torch keeps it
             return convert(leaf, np.complex64 if jnp.iscomplexobj(leaf) else np.float32)
 
-        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self._eager_names(), host,
+        out = optimizers.export_state(self.stacks.unstack_tree(state["opt"]), self.eager_names(), host,
                                       self._complex_names())
         out["loop/updates"] = convert(state["step"], np.int64)
         if self.scaling:
@@ -102,7 +102,7 @@ class JaxState(Executable, ShardedCheckpoint, MultiProcess):
 
         loaded = dict(self.state)
         loaded["opt"] = self.stacks.stack_tree(optimizers.import_state(self.stacks.unstack_tree(self.state["opt"]),
-                                                                       state, self._eager_names(), place,
+                                                                       state, self.eager_names(), place,
                                                                        self._complex_names()))
         loaded["step"] = np.asarray(np.asarray(state["loop/updates"]), dtype=np.int32)
         if self.scaling and "scaler/scale" in state:
